@@ -1,0 +1,57 @@
+"""workbench: dataflow graphs for research notebooks, run on NumPy, CuPy or a Dask cluster.
+
+>>> import workbench as wb
+>>> g = wb.Graph(name="tiny")
+>>> with g.as_default():
+...     x = wb.placeholder("x", shape=(None, 2))
+...     y = wb.sum(wb.relu(x), axis=1)
+>>> wb.Session(g).run(y, feed_dict={x: [[1.0, -2.0]]}).tolist()
+[1.0]
+"""
+
+from workbench import optimizers
+from workbench.errors import (
+    ClusterError,
+    DeviceError,
+    DTypeError,
+    FeedError,
+    FormatError,
+    GradientError,
+    GraphError,
+    NumericsError,
+    ShapeError,
+    WorkbenchError,
+)
+from workbench.events import EventStream
+from workbench.graph import (
+    Graph,
+    Operation,
+    Tensor,
+    Variable,
+    get_default_graph,
+    gradients,
+    group,
+    name_scope,
+    reset_default_graph,
+)
+from workbench.ops import PUBLIC as _PUBLIC_OPS
+from workbench.session import Session
+from workbench.training import History
+
+from workbench.ops import (  # noqa: E402, F401 - the public op functions
+    abs, add, assign, assign_add, assign_sub, cast, concat, constant, conv2d, divide, dropout,
+    equal, exp, expand_dims, gather, greater, greater_equal, identity, less, less_equal, log,
+    log_softmax, matmul, max, max_pool2d, maximum, mean, minimum, multiply, negative, not_equal,
+    one_hot, ones_like, placeholder, pow, relu, reshape, sigmoid, sign, softmax,
+    softmax_cross_entropy, sqrt, stack, stop_gradient, subtract, sum, tanh, transpose, variable,
+    where, zeros_like,
+)  # fmt: skip
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClusterError", "DTypeError", "DeviceError", "EventStream", "FeedError", "FormatError",
+    "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation", "Session",
+    "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
+    "name_scope", "optimizers", "reset_default_graph", *_PUBLIC_OPS,
+]  # fmt: skip

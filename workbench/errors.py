@@ -1,0 +1,45 @@
+"""The errors workbench raises on bad input.
+
+Every one is a :class:`WorkbenchError` and also an instance of the matching
+built-in exception, so ``except ValueError`` in user code keeps working.
+"""
+
+
+class WorkbenchError(Exception):
+    """Base class of every error workbench raises on bad input."""
+
+
+class ShapeError(WorkbenchError, ValueError):
+    """Tensor shapes do not fit the op (raised when the graph is built)."""
+
+
+class DTypeError(WorkbenchError, TypeError):
+    """Tensor dtypes do not fit the op."""
+
+
+class FeedError(WorkbenchError, ValueError):
+    """A feed is missing, or has the wrong shape or dtype for its placeholder."""
+
+
+class GraphError(WorkbenchError, ValueError):
+    """A graph is used wrongly: unknown names, tensors from another graph, bad fetches."""
+
+
+class GradientError(WorkbenchError, ValueError):
+    """A gradient was asked for that the op does not define."""
+
+
+class NumericsError(WorkbenchError, ArithmeticError):
+    """An op produced NaN or Inf while ``check_numerics`` was on."""
+
+
+class FormatError(WorkbenchError, ValueError):
+    """A graph file or checkpoint is malformed, truncated or not ours."""
+
+
+class ClusterError(WorkbenchError, RuntimeError):
+    """A cluster cannot be reached or failed in a way workbench cannot recover from."""
+
+
+class DeviceError(WorkbenchError, RuntimeError):
+    """A device (GPU) or the library it needs is not available."""

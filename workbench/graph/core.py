@@ -1,0 +1,412 @@
+"""The graph IR: :class:`Graph`, :class:`Operation`, :class:`Tensor` and :class:`Variable`.
+
+Op functions (``wb.matmul`` ...) add operations to the graph of their inputs,
+or to the default graph. Each operation is checked by its op's shape rule when
+it is created, and remembers the user's source line that created it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import sys
+import threading
+from typing import Any, Iterator, NamedTuple
+
+import numpy as np
+
+from workbench import ops
+from workbench.errors import DTypeError, GraphError, ShapeError
+from workbench.ops import registry, rules
+from workbench.ops.registry import TensorSpec
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Source(NamedTuple):
+    """Where the user created an operation."""
+
+    filename: str
+    lineno: int
+    code: str
+
+    def __str__(self) -> str:
+        return f'File "{self.filename}", line {self.lineno}: {self.code}' if self.code else f'File "{self.filename}", line {self.lineno}'
+
+
+def user_source() -> Source | None:
+    """The innermost calling frame outside the workbench package."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    return Source(filename, lineno, linecache.getline(filename, lineno, frame.f_globals).strip())
+
+
+class Tensor:
+    """The output of an operation: a static shape (``None`` for unknown sizes) and a dtype.
+
+    Tensors hash and compare by identity (use :func:`wb.equal` for elementwise
+    equality), so they can be keys of a ``feed_dict``.
+    """
+
+    __slots__ = ("op", "index", "shape", "dtype")
+    __array_priority__ = 100  # ``ndarray + tensor`` calls ``tensor.__radd__``
+
+    def __init__(self, op: Operation, index: int, spec: TensorSpec):
+        self.op, self.index = op, index
+        self.shape = None if spec.shape is None else tuple(spec.shape)
+        self.dtype = spec.dtype
+
+    @property
+    def name(self) -> str:
+        return self.op.name if self.index == 0 else f"{self.op.name}:{self.index}"
+
+    @property
+    def graph(self) -> Graph:
+        return self.op.graph
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.shape, self.dtype)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def T(self) -> Tensor:
+        return ops.transpose(self)
+
+    def __repr__(self) -> str:
+        shape = "unknown" if self.shape is None else rules.fmt(self.shape)
+        return f"<Tensor {self.name!r} shape={shape} dtype={self.dtype}>"
+
+    def __bool__(self) -> bool:
+        raise GraphError(f"the truth value of tensor {self.name!r} is not known until the graph runs")
+
+    def __iter__(self):
+        raise GraphError(f"tensor {self.name!r} cannot be iterated over; index it instead")
+
+    def __len__(self) -> int:
+        if self.shape is None or not self.shape or self.shape[0] is None:
+            raise GraphError(f"the length of tensor {self.name!r} is not known until the graph runs")
+        return self.shape[0]
+
+    def __getitem__(self, index):
+        if isinstance(index, Tensor):
+            return ops.gather(self, index)
+        return ops.getitem(self, index)
+
+    __add__ = lambda a, b: ops.add(a, b)  # noqa: E731
+    __radd__ = lambda a, b: ops.add(b, a)  # noqa: E731
+    __sub__ = lambda a, b: ops.subtract(a, b)  # noqa: E731
+    __rsub__ = lambda a, b: ops.subtract(b, a)  # noqa: E731
+    __mul__ = lambda a, b: ops.multiply(a, b)  # noqa: E731
+    __rmul__ = lambda a, b: ops.multiply(b, a)  # noqa: E731
+    __truediv__ = lambda a, b: ops.divide(a, b)  # noqa: E731
+    __rtruediv__ = lambda a, b: ops.divide(b, a)  # noqa: E731
+    __matmul__ = lambda a, b: ops.matmul(a, b)  # noqa: E731
+    __rmatmul__ = lambda a, b: ops.matmul(b, a)  # noqa: E731
+    __pow__ = lambda a, b: ops.pow(a, b)  # noqa: E731
+    __rpow__ = lambda a, b: ops.pow(b, a)  # noqa: E731
+    __neg__ = lambda a: ops.negative(a)  # noqa: E731
+    __abs__ = lambda a: ops.abs(a)  # noqa: E731
+    __lt__ = lambda a, b: ops.less(a, b)  # noqa: E731
+    __le__ = lambda a, b: ops.less_equal(a, b)  # noqa: E731
+    __gt__ = lambda a, b: ops.greater(a, b)  # noqa: E731
+    __ge__ = lambda a, b: ops.greater_equal(a, b)  # noqa: E731
+
+
+class Variable(Tensor):
+    """A tensor whose value a session keeps between runs; created by :func:`wb.variable`."""
+
+    __slots__ = ()
+
+    @property
+    def trainable(self) -> bool:
+        return self.op.attrs["trainable"]
+
+    @property
+    def init(self):
+        return self.op.attrs["init"]
+
+    def __repr__(self) -> str:
+        return f"<Variable {self.name!r} shape={rules.fmt(self.shape)} dtype={self.dtype}>"
+
+
+class Operation:
+    """A node of the graph: an op type, input tensors, static attributes and output tensors."""
+
+    __slots__ = ("graph", "name", "type", "inputs", "attrs", "outputs", "control_inputs", "source", "index")
+
+    def __init__(self, graph, name, type, inputs, attrs, control_inputs, source, index):  # noqa: A002
+        self.graph, self.name, self.type = graph, name, type
+        self.inputs: tuple[Tensor, ...] = tuple(inputs)
+        self.attrs: dict[str, Any] = attrs
+        self.control_inputs: tuple[Operation, ...] = tuple(control_inputs)
+        self.source: Source | None = source
+        self.index = index  # position in graph.operations: a topological order
+        self.outputs: tuple[Tensor, ...] = ()
+
+    @property
+    def opdef(self) -> registry.OpDef:
+        return registry.REGISTRY[self.type]
+
+    def __repr__(self) -> str:
+        return f"<Operation {self.name!r} type={self.type}>"
+
+
+class Graph:
+    """A dataflow graph. Build it inside ``with g.as_default():``.
+
+    >>> import workbench as wb
+    >>> g = wb.Graph(name="demo")
+    >>> with g.as_default():
+    ...     x = wb.placeholder("x", shape=(None, 3))
+    ...     y = wb.sum(x * 2.0, axis=1)
+    >>> y.shape
+    (None,)
+    """
+
+    def __init__(self, name: str = "graph"):
+        self.name = name
+        self.operations: list[Operation] = []
+        self._by_name: dict[str, Operation] = {}
+        self._aliases: dict[str, str] = {}
+        self._scopes: list[str] = []
+        self._control: list[list[Operation]] = []
+        self.version = 0  # grows with every change; sessions compile plans per version
+
+    # -- context --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def as_default(self) -> Iterator[Graph]:
+        """Make this the graph that op functions add to, inside the ``with`` block."""
+        _stack().append(self)
+        try:
+            yield self
+        finally:
+            _stack().pop()
+
+    @contextlib.contextmanager
+    def name_scope(self, name: str) -> Iterator[str]:
+        """Prefix the names of operations created inside with ``name/``."""
+        _check_name(name)
+        self._scopes.append(name)
+        try:
+            yield "/".join(self._scopes)
+        finally:
+            self._scopes.pop()
+
+    @contextlib.contextmanager
+    def control_dependencies(self, deps) -> Iterator[None]:
+        """Operations created inside run only after ``deps`` (tensors or operations)."""
+        self._control.append([_as_op(d) for d in deps])
+        try:
+            yield
+        finally:
+            self._control.pop()
+
+    # -- building -------------------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        name = "/".join(self._scopes + [base])
+        if name not in self._by_name:
+            return name
+        i = 1
+        while f"{name}_{i}" in self._by_name:
+            i += 1
+        return f"{name}_{i}"
+
+    def add_op(self, op_type: str, inputs, attrs: dict, name: str | None = None, control_inputs=(), source=None):
+        """Add an operation after checking it with its op's shape rule; returns the Operation."""
+        opdef = registry.get_op(op_type)
+        if name is not None:
+            _check_name(name)
+        scoped = self.unique_name(name or op_type)
+        wanted = "/".join(self._scopes + [name or op_type])
+        if op_type in ("placeholder", "variable") and scoped != wanted:
+            raise GraphError(f"graph {self.name!r} already has an operation named {wanted!r}")
+        for t in inputs:
+            if t.graph is not self:
+                raise GraphError(f"{op_type} {scoped!r}: input {t.name!r} belongs to graph {t.graph.name!r}, not {self.name!r}")
+        try:
+            specs = opdef.infer(*(t.spec for t in inputs), **attrs)
+        except (ShapeError, DTypeError) as e:
+            where = f"\n  {source}" if source else ""
+            raise type(e)(f"{op_type} {scoped!r}: {e}{where}") from None
+        specs = (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
+        deps = [d for frame in self._control for d in frame] + list(control_inputs)
+        op = Operation(self, scoped, op_type, inputs, attrs, _unique(deps), source, len(self.operations))
+        cls = Variable if op_type == "variable" else Tensor
+        op.outputs = tuple(cls(op, i, spec) for i, spec in enumerate(specs))
+        self.operations.append(op)
+        self._by_name[scoped] = op
+        self.version += 1
+        return op
+
+    # -- lookup ---------------------------------------------------------------------
+    def get(self, name: str) -> Tensor | Operation:
+        """The tensor (``"name"`` or ``"name:i"``) or operation (an op without outputs) of that name."""
+        if not isinstance(name, str):
+            raise GraphError(f"expected a name, got {name!r}")
+        base, _, index = name.partition(":")
+        base = self._aliases.get(base, base)
+        op = self._by_name.get(base)
+        if op is None:
+            raise GraphError(f"graph {self.name!r} has no tensor or operation named {name!r}")
+        if not op.outputs and not index:
+            return op
+        i = int(index) if index.isdigit() else 0 if not index else -1
+        if not 0 <= i < len(op.outputs):
+            raise GraphError(f"operation {base!r} has no output {index!r}")
+        return op.outputs[i]
+
+    def operation(self, name: str) -> Operation:
+        op = self._by_name.get(self._aliases.get(name, name))
+        if op is None:
+            raise GraphError(f"graph {self.name!r} has no operation named {name!r}")
+        return op
+
+    def __contains__(self, name: str) -> bool:
+        return self._aliases.get(name, name) in self._by_name
+
+    @property
+    def variables(self) -> list[Variable]:
+        return [op.outputs[0] for op in self.operations if op.type == "variable"]
+
+    @property
+    def trainable_variables(self) -> list[Variable]:
+        return [v for v in self.variables if v.trainable]
+
+    @property
+    def placeholders(self) -> list[Tensor]:
+        return [op.outputs[0] for op in self.operations if op.type == "placeholder"]
+
+    def __len__(self) -> int:
+        return len(self.operations)
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name!r} with {len(self.operations)} operations>"
+
+    # -- files ----------------------------------------------------------------------
+    def to_json(self, indent: int | None = None) -> str:
+        """The graph as versioned JSON, initial values included (see :mod:`workbench.graph.serialize`)."""
+        from workbench.graph.serialize import graph_to_json
+
+        return graph_to_json(self, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Graph:
+        """Rebuild a graph from :meth:`to_json` output; never executes code from the file."""
+        from workbench.graph.serialize import graph_from_json
+
+        return graph_from_json(text)
+
+
+def _check_name(name: str) -> None:
+    if not isinstance(name, str) or not name or ":" in name or name.startswith("/") or name.endswith("/"):
+        raise GraphError(f"invalid name {name!r}: use a non-empty string without ':' or a leading or trailing '/'")
+
+
+def _unique(ops_: list[Operation]) -> list[Operation]:
+    seen, out = set(), []
+    for op in ops_:
+        if id(op) not in seen:
+            seen.add(id(op))
+            out.append(op)
+    return out
+
+
+def _as_op(x) -> Operation:
+    if isinstance(x, Operation):
+        return x
+    if isinstance(x, Tensor):
+        return x.op
+    raise GraphError(f"expected a tensor or an operation, got {x!r}")
+
+
+# -- default graph ----------------------------------------------------------------------
+
+_local = threading.local()
+_global_default = Graph(name="default")
+
+
+def _stack() -> list[Graph]:
+    if not hasattr(_local, "stack"):
+        _local.stack = []
+    return _local.stack
+
+
+def get_default_graph() -> Graph:
+    """The graph op functions add to outside any ``with g.as_default():`` block."""
+    stack = _stack()
+    return stack[-1] if stack else _global_default
+
+
+def reset_default_graph() -> Graph:
+    """Replace the global default graph with an empty one and return it."""
+    global _global_default
+    if _stack():
+        raise GraphError("cannot reset the default graph inside a 'with graph.as_default()' block")
+    _global_default = Graph(name="default")
+    return _global_default
+
+
+# -- the builder that op functions call -------------------------------------------------
+
+
+def _to_tensor(value, graph: Graph, like: str | None, source) -> Tensor:
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, Operation):
+        raise GraphError(f"operation {value.name!r} has no output to use as an input")
+    if isinstance(value, (bool, np.bool_)):
+        dtype = "bool"
+    elif isinstance(value, (int, float, np.number)) and not isinstance(value, np.ndarray):
+        is_int = isinstance(value, (int, np.integer))
+        if like is not None and (is_int or registry.is_float(like)):
+            dtype = like  # Python numbers take the dtype of the tensors they meet
+        else:
+            dtype = "int64" if is_int else "float32"
+    else:
+        dtype = None
+    try:
+        value = ops.state.constant_array(value, dtype)
+    except (TypeError, ValueError) as e:
+        raise DTypeError(f"cannot turn {type(value).__name__} into a tensor: {e}") from None
+    return graph.add_op("constant", (), {"value": value}, source=source).outputs[0]
+
+
+def build(op_type: str, inputs, attrs: dict, name: str | None):
+    """Add an op to the graph of its tensor inputs (or the default graph)."""
+    graphs = {id(t.graph): t.graph for t in inputs if isinstance(t, Tensor)}
+    if len(graphs) > 1:
+        names = ", ".join(repr(g.name) for g in graphs.values())
+        raise GraphError(f"{op_type}: inputs come from different graphs ({names})")
+    graph = next(iter(graphs.values())) if graphs else get_default_graph()
+    source = user_source()
+    like = next((t.dtype for t in inputs if isinstance(t, Tensor) and t.dtype != "bool"), None)
+    tensors = tuple(_to_tensor(v, graph, like, source) for v in inputs)
+    op = graph.add_op(op_type, tensors, attrs, name, source=source)
+    if len(op.outputs) == 1:
+        return op.outputs[0]
+    return op.outputs if op.outputs else op
+
+
+registry.bind_builder(build)
+
+
+def group(*inputs, name: str | None = None) -> Operation:
+    """An operation that runs all of ``inputs`` (tensors or operations) and outputs nothing."""
+    deps = [_as_op(x) for x in inputs]
+    graph = deps[0].graph if deps else get_default_graph()
+    return graph.add_op("no_op", (), {}, name or "group", control_inputs=deps, source=user_source())
+
+
+def name_scope(name: str):
+    """``with wb.name_scope("layer1"):`` prefixes op names in the default graph."""
+    return get_default_graph().name_scope(name)
+

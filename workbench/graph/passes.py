@@ -1,0 +1,206 @@
+"""Graph passes: pure functions from a graph to a new graph with the same names.
+
+``prune`` keeps what the fetches need, ``fold_constants`` evaluates ops whose
+inputs are all constants, ``eliminate_common_subexpressions`` merges ops that
+compute the same thing (the removed names become aliases of the kept ones), and
+``validate`` checks a graph's invariants; the tests run it after every pass.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from workbench.errors import GraphError
+from workbench.graph.core import Graph, Operation
+from workbench.ops import registry, rules
+
+FOLD_LIMIT = 1 << 16  # fold only results of at most this many elements
+
+
+def rebuild(graph: Graph, keep: Callable[[Operation], bool] = lambda op: True, replace=None) -> tuple[Graph, dict]:
+    """A copy of ``graph`` with the ops that ``keep`` accepts, in order.
+
+    ``replace(op, inputs)`` may return ``(type, inputs, attrs)`` to change an op
+    (its name stays), or ``None`` to keep it. Returns the new graph and a map
+    from old to new tensors.
+    """
+    new = Graph(name=graph.name)
+    new._aliases = dict(graph._aliases)
+    tensors: dict = {}
+    ops_: dict[Operation, Operation] = {}
+    for op in graph.operations:
+        if not keep(op):
+            continue
+        inputs = tuple(tensors[t] for t in op.inputs)
+        kind, attrs = op.type, op.attrs
+        if replace is not None:
+            changed = replace(op, inputs)
+            if changed is not None:
+                kind, inputs, attrs = changed
+        control = [ops_[c] for c in op.control_inputs if c in ops_]
+        copy = new.add_op(kind, inputs, attrs, name=op.name, control_inputs=control, source=op.source)
+        ops_[op] = copy
+        tensors.update(zip(op.outputs, copy.outputs))
+    new._aliases = {a: t for a, t in graph._aliases.items() if t in new._by_name}
+    return new, tensors
+
+
+def needed_ops(graph: Graph, targets: Iterable[Operation], fed: Iterable[str] = ()) -> set[Operation]:
+    """The operations that ``targets`` depend on through inputs and control inputs."""
+    fed = set(fed)
+    needed: set[Operation] = set()
+    stack = list(targets)
+    while stack:
+        op = stack.pop()
+        if op in needed:
+            continue
+        needed.add(op)
+        if op.name in fed:
+            continue
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+    return needed
+
+
+def prune(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Graph:
+    """Only what the named fetches need, stopping at the fed placeholders."""
+    targets = [_op_of(graph, name) for name in fetches]
+    needed = needed_ops(graph, targets, fed)
+    return rebuild(graph, keep=needed.__contains__)[0]
+
+
+def _foldable(op: Operation) -> bool:
+    opdef = op.opdef
+    if opdef.stateful or opdef.random or opdef.kernel is None or op.type == "constant" or len(op.outputs) != 1:
+        return False
+    size = rules.num_elements(op.outputs[0].shape) if op.outputs[0].shape is not None else None
+    if size is None or size > FOLD_LIMIT:
+        return False
+    if op.type in ("zeros_like", "ones_like"):  # the values of the input do not matter
+        return True
+    return all(t.op.type == "constant" for t in op.inputs)
+
+
+def fold_constants(graph: Graph) -> Graph:
+    """Replace ops whose value is known before the graph runs by constants."""
+
+    def replace(op, inputs):
+        if not _foldable(op):
+            return None
+        spec = op.outputs[0].spec
+        if op.type in ("zeros_like", "ones_like"):
+            value = (np.zeros if op.type == "zeros_like" else np.ones)(spec.shape, dtype=spec.dtype)
+        else:
+            arrays = [t.op.attrs["value"] for t in inputs]
+            try:
+                with np.errstate(all="ignore"):
+                    value = op.opdef.kernel(np, *arrays, **op.attrs)
+            except Exception:  # noqa: BLE001 - leave it to fail, with context, at run time
+                return None
+        value = np.array(value, dtype=spec.dtype)
+        value.setflags(write=False)
+        return "constant", (), {"value": value}
+
+    return rebuild(graph, replace=replace)[0]
+
+
+def _attrs_key(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _attrs_key(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_attrs_key(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
+    return value
+
+
+def eliminate_common_subexpressions(graph: Graph, max_constant: int = 1024) -> Graph:
+    """Merge ops of the same type, inputs and attributes; removed names become aliases."""
+    seen: dict = {}
+    merged: dict[Operation, Operation] = {}
+
+    def key(op: Operation):
+        opdef = op.opdef
+        if opdef.stateful or opdef.random or op.type in ("placeholder", "no_op"):
+            return None
+        if op.type == "constant" and op.attrs["value"].size > max_constant:
+            return None
+        inputs = tuple((merged.get(t.op, t.op).name, t.index) for t in op.inputs)
+        controls = tuple(sorted(merged.get(c, c).name for c in op.control_inputs))
+        return op.type, inputs, controls, _attrs_key(op.attrs)
+
+    for op in graph.operations:
+        k = key(op)
+        if k is None:
+            continue
+        if k in seen:
+            merged[op] = seen[k]
+        else:
+            seen[k] = op
+
+    # rebuild with merged ops dropped and their consumers pointed at the kept op
+    new = Graph(name=graph.name)
+    new._aliases = dict(graph._aliases)
+    tensors = {}
+    copies: dict[Operation, Operation] = {}
+    for op in graph.operations:
+        if op in merged:
+            kept = merged[op]
+            tensors.update(zip(op.outputs, (tensors[t] for t in kept.outputs)))
+            copies[op] = copies[kept]
+            new._aliases[op.name] = kept.name
+            continue
+        inputs = tuple(tensors[t] for t in op.inputs)
+        control = _dedupe(copies[c] for c in op.control_inputs if c in copies)
+        copy = new.add_op(op.type, inputs, op.attrs, name=op.name, control_inputs=control, source=op.source)
+        copies[op] = copy
+        tensors.update(zip(op.outputs, copy.outputs))
+    return new
+
+
+def _dedupe(items):
+    out = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out
+
+
+def optimize(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Graph:
+    """The passes a plan runs: prune, fold constants, merge common subexpressions, prune again."""
+    fetches = list(fetches)
+    graph = eliminate_common_subexpressions(fold_constants(prune(graph, fetches, fed)))
+    return prune(graph, fetches, fed)
+
+
+def validate(graph: Graph) -> None:
+    """Raise GraphError unless every op is registered, unique, in topological order
+    and still passes its shape rule."""
+    names: set[str] = set()
+    position = {op: i for i, op in enumerate(graph.operations)}
+    for i, op in enumerate(graph.operations):
+        if op.type not in registry.REGISTRY:
+            raise GraphError(f"op {op.name!r} has unknown type {op.type!r}")
+        if op.name in names:
+            raise GraphError(f"op name {op.name!r} is used twice")
+        names.add(op.name)
+        for t in op.inputs:
+            if position.get(t.op, i) >= i:
+                raise GraphError(f"op {op.name!r} uses {t.name!r}, which is not defined before it")
+        for c in op.control_inputs:
+            if position.get(c, i) >= i:
+                raise GraphError(f"op {op.name!r} waits for {c.name!r}, which is not defined before it")
+        specs = op.opdef.infer(*(t.spec for t in op.inputs), **op.attrs)
+        specs = (specs,) if isinstance(specs, registry.TensorSpec) else tuple(specs)
+        if tuple(t.spec for t in op.outputs) != specs:
+            raise GraphError(f"op {op.name!r} has outputs {[t.spec for t in op.outputs]}, its rule says {list(specs)}")
+    for alias, target in graph._aliases.items():
+        if target not in names and target not in graph._aliases:
+            raise GraphError(f"alias {alias!r} points to missing op {target!r}")
+
+
+def _op_of(graph: Graph, name: str) -> Operation:
+    found = graph.get(name)
+    return found if isinstance(found, Operation) else found.op

@@ -1,0 +1,166 @@
+"""Graph files: versioned JSON, with arrays (constants, initial values) as base64 data.
+
+Loading is data only: op types must be registered ops, every attribute is
+decoded from plain JSON, and each operation is rebuilt through the same checked
+path as in user code, so its shape rule runs again. Nothing is imported,
+evaluated or unpickled; any problem raises :class:`~workbench.errors.FormatError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import numpy as np
+
+from workbench.errors import FormatError, WorkbenchError
+from workbench.graph.core import Graph, Source
+from workbench.ops.registry import DTYPES, REGISTRY
+
+FORMAT = "workbench-graph"
+VERSION = 1
+MAX_ELEMENTS = 1 << 31
+
+
+def graph_to_json(graph: Graph, indent: int | None = None) -> str:
+    operations = []
+    for op in graph.operations:
+        record = {
+            "name": op.name,
+            "type": op.type,
+            "inputs": [t.name for t in op.inputs],
+            "attrs": {k: _encode(v) for k, v in op.attrs.items()},
+            "outputs": [{"shape": None if t.shape is None else list(t.shape), "dtype": t.dtype} for t in op.outputs],
+        }
+        if op.control_inputs:
+            record["control_inputs"] = [c.name for c in op.control_inputs]
+        if op.source is not None:
+            record["source"] = {"filename": op.source.filename, "lineno": op.source.lineno, "code": op.source.code}
+        operations.append(record)
+    doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "operations": operations}
+    if graph._aliases:
+        doc["aliases"] = dict(graph._aliases)
+    return json.dumps(doc, indent=indent)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        data = np.ascontiguousarray(value).tobytes()
+        return {"ndarray": {"dtype": value.dtype.name, "shape": list(value.shape), "data": base64.b64encode(data).decode()}}
+    if isinstance(value, (tuple, list)):
+        return [_encode(v) for v in value]
+    if isinstance(value, (np.integer, np.floating, np.bool_)):
+        return value.item()
+    return value
+
+
+def graph_from_json(text: str | bytes) -> Graph:
+    try:
+        doc = json.loads(text)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise FormatError(f"not a graph file: invalid JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise FormatError(f"not a graph file: expected a JSON object with \"format\": \"{FORMAT}\"")
+    version = doc.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
+        raise FormatError(f"unsupported graph file version {version!r}; this workbench reads versions 1 to {VERSION}")
+    name = doc.get("name", "graph")
+    operations = doc.get("operations")
+    if not isinstance(name, str) or not isinstance(operations, list):
+        raise FormatError("graph file needs a string \"name\" and a list of \"operations\"")
+    graph = Graph(name=name)
+    for i, record in enumerate(operations):
+        try:
+            _add(graph, record)
+        except FormatError as e:
+            raise FormatError(f"operation {i} of the graph file: {e}") from None
+        except (WorkbenchError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as e:
+            label = record.get("name") if isinstance(record, dict) else None
+            raise FormatError(f"operation {i} ({label!r}) of the graph file is invalid: {type(e).__name__}: {e}") from None
+    aliases = doc.get("aliases", {})
+    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) and v in graph for k, v in aliases.items()):
+        raise FormatError("graph file has invalid \"aliases\"")
+    graph._aliases = dict(aliases)
+    return graph
+
+
+def _add(graph: Graph, record) -> None:
+    if not isinstance(record, dict):
+        raise FormatError("is not a JSON object")
+    name, kind = record.get("name"), record.get("type")
+    if not isinstance(name, str) or not isinstance(kind, str):
+        raise FormatError("needs a string \"name\" and \"type\"")
+    if kind not in REGISTRY:
+        raise FormatError(f"{name!r} has unknown op type {kind!r}")
+    if name in graph:
+        raise FormatError(f"the name {name!r} is used twice")
+    inputs = [_tensor(graph, n, name) for n in _strings(record.get("inputs", []), "inputs")]
+    control = [graph.operation(n) for n in _strings(record.get("control_inputs", []), "control_inputs")]
+    attrs = record.get("attrs", {})
+    if not isinstance(attrs, dict):
+        raise FormatError(f"{name!r} has \"attrs\" that are not an object")
+    attrs = {str(k): _decode(v) for k, v in attrs.items()}
+    op = graph.add_op(kind, inputs, attrs, name=name, control_inputs=control, source=_source(record.get("source")))
+    stored = record.get("outputs")
+    if stored is not None:
+        expected = [{"shape": None if t.shape is None else list(t.shape), "dtype": t.dtype} for t in op.outputs]
+        if stored != expected:
+            raise FormatError(f"{name!r} records outputs {stored}, but its inputs and attributes give {expected}")
+
+
+def _strings(value, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise FormatError(f"\"{what}\" must be a list of names")
+    return value
+
+
+def _tensor(graph: Graph, name: str, user: str):
+    if name.partition(":")[0] not in graph:
+        raise FormatError(f"{user!r} uses {name!r}, which is not defined before it")
+    found = graph.get(name)
+    if not hasattr(found, "op"):
+        raise FormatError(f"{user!r} uses {name!r}, an operation without outputs")
+    return found
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_decode(v) for v in value)
+    if isinstance(value, dict):
+        if set(value) != {"ndarray"} or not isinstance(value["ndarray"], dict):
+            raise FormatError(f"unexpected object in attributes: keys {sorted(value)}")
+        return _decode_array(value["ndarray"])
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise FormatError(f"unexpected attribute value {value!r}")
+
+
+def _decode_array(spec: dict) -> np.ndarray:
+    dtype, shape, data = spec.get("dtype"), spec.get("shape"), spec.get("data")
+    if dtype not in DTYPES:
+        raise FormatError(f"array dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise FormatError(f"array shape {shape!r} is not a list of non-negative ints")
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if count > MAX_ELEMENTS or not isinstance(data, str):
+        raise FormatError("array is too large or has no base64 \"data\"")
+    try:
+        raw = base64.b64decode(data.encode("ascii"), validate=True)
+    except (ValueError, UnicodeEncodeError) as e:
+        raise FormatError(f"array data is not valid base64 ({e})") from None
+    itemsize = np.dtype(dtype).itemsize
+    if len(raw) != count * itemsize:
+        raise FormatError(f"array data holds {len(raw)} bytes; shape {tuple(shape)} of {dtype} needs {count * itemsize}")
+    array = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    array.setflags(write=False)
+    return array
+
+
+def _source(value) -> Source | None:
+    if not isinstance(value, dict):
+        return None
+    filename, lineno, code = value.get("filename"), value.get("lineno"), value.get("code", "")
+    if isinstance(filename, str) and isinstance(lineno, int) and isinstance(code, str):
+        return Source(filename, lineno, code)
+    return None

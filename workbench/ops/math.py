@@ -1,0 +1,462 @@
+"""Elementwise arithmetic, comparisons, casts, matmul and reductions.
+
+Each op: its public function, then its registry entry (shape rule, kernel,
+gradient) on adjacent lines. Broadcasting in gradients is undone centrally by
+``gradients()``, so the rules here return gradients of the broadcast shape.
+"""
+
+from __future__ import annotations
+
+from workbench.errors import DTypeError, ShapeError
+from workbench.ops import rules
+from workbench.ops.registry import TensorSpec, apply, as_dtype, defop, is_float
+
+
+def _binary_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:
+    return TensorSpec(rules.broadcast(a.shape, b.shape), rules.same_dtype(a, b))
+
+
+def _compare_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:
+    rules.same_dtype(a, b)
+    return TensorSpec(rules.broadcast(a.shape, b.shape), "bool")
+
+
+def _unary_float_spec(x: TensorSpec) -> TensorSpec:
+    rules.need_float(x)
+    return x
+
+
+def _same_spec(x: TensorSpec) -> TensorSpec:
+    return x
+
+
+# -- elementwise binary ---------------------------------------------------------
+
+
+def add(a, b, name=None):
+    """``a + b`` with NumPy broadcasting."""
+    return apply("add", a, b, name=name)
+
+
+def subtract(a, b, name=None):
+    """``a - b`` with NumPy broadcasting."""
+    return apply("subtract", a, b, name=name)
+
+
+def multiply(a, b, name=None):
+    """``a * b`` with NumPy broadcasting."""
+    return apply("multiply", a, b, name=name)
+
+
+def divide(a, b, name=None):
+    """``a / b`` (true division) with NumPy broadcasting."""
+    return apply("divide", a, b, name=name)
+
+
+def pow(a, b, name=None):  # noqa: A001 - the op's name
+    """``a ** b`` elementwise."""
+    return apply("pow", a, b, name=name)
+
+
+def maximum(a, b, name=None):
+    """Elementwise maximum; the gradient goes to ``a`` where ``a >= b``."""
+    return apply("maximum", a, b, name=name)
+
+
+def minimum(a, b, name=None):
+    """Elementwise minimum; the gradient goes to ``a`` where ``a <= b``."""
+    return apply("minimum", a, b, name=name)
+
+
+def _pow_grad(op, g):
+    a, b = op.inputs
+    y = op.outputs[0]
+    ga = g * b * pow(a, b - 1)
+    gb = g * y * log(where(a > 0, a, 1)) if is_float(b.dtype) else None
+    return ga, gb
+
+
+def _select_grad(op, g):
+    a, b = op.inputs
+    pick_a = (a >= b) if op.type == "maximum" else (a <= b)
+    zero = zeros_like(g)
+    return where(pick_a, g, zero), where(pick_a, zero, g)
+
+
+defop("add", infer=_binary_spec, elementwise=True,
+      kernel=lambda xp, a, b: a + b,
+      grad=lambda op, g: (g, g))
+defop("subtract", infer=_binary_spec, elementwise=True,
+      kernel=lambda xp, a, b: a - b,
+      grad=lambda op, g: (g, negative(g)))
+defop("multiply", infer=_binary_spec, elementwise=True,
+      kernel=lambda xp, a, b: a * b,
+      grad=lambda op, g: (g * op.inputs[1], g * op.inputs[0]))
+defop("divide", infer=_binary_spec, elementwise=True,
+      kernel=lambda xp, a, b: a / b,
+      grad=lambda op, g: (g / op.inputs[1], negative(g) * op.outputs[0] / op.inputs[1]))
+defop("pow", infer=_binary_spec, elementwise=True,
+      kernel=lambda xp, a, b: xp.pow(a, b),
+      grad=_pow_grad)
+defop("maximum", infer=_binary_spec, elementwise=True,
+      kernel=lambda xp, a, b: xp.maximum(a, b),
+      grad=_select_grad)
+defop("minimum", infer=_binary_spec, elementwise=True,
+      kernel=lambda xp, a, b: xp.minimum(a, b),
+      grad=_select_grad)  # fmt: skip
+
+# -- comparisons (boolean outputs, no gradient) ---------------------------------
+
+
+def less(a, b, name=None):
+    """``a < b`` elementwise (a bool tensor)."""
+    return apply("less", a, b, name=name)
+
+
+def less_equal(a, b, name=None):
+    """``a <= b`` elementwise (a bool tensor)."""
+    return apply("less_equal", a, b, name=name)
+
+
+def greater(a, b, name=None):
+    """``a > b`` elementwise (a bool tensor)."""
+    return apply("greater", a, b, name=name)
+
+
+def greater_equal(a, b, name=None):
+    """``a >= b`` elementwise (a bool tensor)."""
+    return apply("greater_equal", a, b, name=name)
+
+
+def equal(a, b, name=None):
+    """``a == b`` elementwise (a bool tensor). ``==`` on tensors compares identity, as in TensorFlow 1."""
+    return apply("equal", a, b, name=name)
+
+
+def not_equal(a, b, name=None):
+    """``a != b`` elementwise (a bool tensor)."""
+    return apply("not_equal", a, b, name=name)
+
+
+_BOOLEAN = "boolean output"
+defop("less", infer=_compare_spec, kernel=lambda xp, a, b: a < b, nondiff=_BOOLEAN, elementwise=True)
+defop("less_equal", infer=_compare_spec, kernel=lambda xp, a, b: a <= b, nondiff=_BOOLEAN, elementwise=True)
+defop("greater", infer=_compare_spec, kernel=lambda xp, a, b: a > b, nondiff=_BOOLEAN, elementwise=True)
+defop("greater_equal", infer=_compare_spec, kernel=lambda xp, a, b: a >= b, nondiff=_BOOLEAN, elementwise=True)
+defop("equal", infer=_compare_spec, kernel=lambda xp, a, b: a == b, nondiff=_BOOLEAN, elementwise=True)
+defop("not_equal", infer=_compare_spec, kernel=lambda xp, a, b: a != b, nondiff=_BOOLEAN, elementwise=True)
+
+# -- elementwise unary ----------------------------------------------------------
+
+
+def negative(x, name=None):
+    """``-x``."""
+    return apply("negative", x, name=name)
+
+
+def exp(x, name=None):
+    """Elementwise ``e ** x``."""
+    return apply("exp", x, name=name)
+
+
+def log(x, name=None):
+    """Elementwise natural logarithm."""
+    return apply("log", x, name=name)
+
+
+def sqrt(x, name=None):
+    """Elementwise square root."""
+    return apply("sqrt", x, name=name)
+
+
+def tanh(x, name=None):
+    """Elementwise hyperbolic tangent."""
+    return apply("tanh", x, name=name)
+
+
+def sigmoid(x, name=None):
+    """Elementwise logistic function ``1 / (1 + exp(-x))``, computed without overflow."""
+    return apply("sigmoid", x, name=name)
+
+
+def relu(x, name=None):
+    """Elementwise ``max(x, 0)``."""
+    return apply("relu", x, name=name)
+
+
+def abs(x, name=None):  # noqa: A001 - the op's name
+    """Elementwise absolute value."""
+    return apply("abs", x, name=name)
+
+
+def sign(x, name=None):
+    """Elementwise sign (-1, 0 or 1)."""
+    return apply("sign", x, name=name)
+
+
+def _relu_grad(op, g):
+    return (where(op.outputs[0] > 0, g, zeros_like(g)),)
+
+
+defop("negative", infer=_same_spec, elementwise=True,
+      kernel=lambda xp, x: -x,
+      grad=lambda op, g: (negative(g),))
+defop("exp", infer=_unary_float_spec, elementwise=True,
+      kernel=lambda xp, x: xp.exp(x),
+      grad=lambda op, g: (g * op.outputs[0],))
+defop("log", infer=_unary_float_spec, elementwise=True,
+      kernel=lambda xp, x: xp.log(x),
+      grad=lambda op, g: (g / op.inputs[0],))
+defop("sqrt", infer=_unary_float_spec, elementwise=True,
+      kernel=lambda xp, x: xp.sqrt(x),
+      grad=lambda op, g: (g / (2 * op.outputs[0]),))
+defop("tanh", infer=_unary_float_spec, elementwise=True,
+      kernel=lambda xp, x: xp.tanh(x),
+      grad=lambda op, g: (g * (1 - op.outputs[0] * op.outputs[0]),))
+defop("sigmoid", infer=_unary_float_spec, elementwise=True,
+      kernel=lambda xp, x: 0.5 * xp.tanh(0.5 * x) + 0.5,  # tanh form: no overflow for large |x|
+      grad=lambda op, g: (g * op.outputs[0] * (1 - op.outputs[0]),))
+defop("relu", infer=_unary_float_spec, elementwise=True,
+      kernel=lambda xp, x: xp.maximum(x, 0),
+      grad=_relu_grad)
+defop("abs", infer=_same_spec, elementwise=True,
+      kernel=lambda xp, x: xp.abs(x),
+      grad=lambda op, g: (g * sign(op.inputs[0]),))
+defop("sign", infer=_same_spec, elementwise=True,
+      kernel=lambda xp, x: xp.sign(x),
+      nondiff="piecewise constant: its gradient is zero wherever it exists")  # fmt: skip
+
+# -- where, cast, identity ------------------------------------------------------
+
+
+def where(condition, a, b, name=None):
+    """Elementwise ``a if condition else b``, broadcasting all three."""
+    return apply("where", condition, a, b, name=name)
+
+
+def _where_spec(c: TensorSpec, a: TensorSpec, b: TensorSpec) -> TensorSpec:
+    if c.dtype != "bool":
+        raise DTypeError(f"condition must be a bool tensor, got {c.dtype}")
+    return TensorSpec(rules.broadcast(c.shape, a.shape, b.shape), rules.same_dtype(a, b))
+
+
+def _where_grad(op, g):
+    c = op.inputs[0]
+    zero = zeros_like(g)
+    return None, where(c, g, zero), where(c, zero, g)
+
+
+defop("where", infer=_where_spec, elementwise=True,
+      kernel=lambda xp, c, a, b: xp.where(c, a, b),
+      grad=_where_grad)  # fmt: skip
+
+
+def cast(x, dtype, name=None):
+    """``x`` converted to ``dtype``; gradients flow between float dtypes."""
+    return apply("cast", x, dtype=as_dtype(dtype), name=name)
+
+
+def _cast_grad(op, g):
+    x = op.inputs[0]
+    return (cast(g, x.dtype) if is_float(x.dtype) and is_float(op.attrs["dtype"]) else None,)
+
+
+defop("cast", infer=lambda x, *, dtype: TensorSpec(x.shape, dtype), elementwise=True,
+      kernel=lambda xp, x, *, dtype: xp.astype(x, getattr(xp, dtype)),
+      grad=_cast_grad)  # fmt: skip
+
+
+def identity(x, name=None):
+    """``x`` unchanged (a named point in the graph)."""
+    return apply("identity", x, name=name)
+
+
+def stop_gradient(x, name=None):
+    """``x`` in the forward pass; no gradient flows through it."""
+    return apply("stop_gradient", x, name=name)
+
+
+def zeros_like(x, name=None):
+    """Zeros of ``x``'s shape and dtype."""
+    return apply("zeros_like", x, name=name)
+
+
+def ones_like(x, name=None):
+    """Ones of ``x``'s shape and dtype."""
+    return apply("ones_like", x, name=name)
+
+
+defop("identity", infer=_same_spec, kernel=lambda xp, x: x, grad=lambda op, g: (g,))
+defop("stop_gradient", infer=_same_spec, kernel=lambda xp, x: x,
+      nondiff="stops gradients by definition")
+defop("zeros_like", infer=_same_spec, kernel=lambda xp, x: xp.zeros_like(x),
+      nondiff="its output does not depend on the input's values")
+defop("ones_like", infer=_same_spec, kernel=lambda xp, x: xp.ones_like(x),
+      nondiff="its output does not depend on the input's values")  # fmt: skip
+
+# -- matmul ---------------------------------------------------------------------
+
+
+def matmul(a, b, transpose_a=False, transpose_b=False, name=None):
+    """Matrix product of the last two axes, batched over (broadcast) leading axes.
+
+    ``transpose_a``/``transpose_b`` swap the last two axes of an input first,
+    without a copy.
+    """
+    return apply("matmul", a, b, transpose_a=bool(transpose_a), transpose_b=bool(transpose_b), name=name)
+
+
+def _matmul_spec(a: TensorSpec, b: TensorSpec, *, transpose_a: bool, transpose_b: bool) -> TensorSpec:
+    dtype = rules.same_dtype(a, b)
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ShapeError(f"needs inputs of rank 2 or more, got {rules.fmt(a.shape)} and {rules.fmt(b.shape)}")
+    m, ka = (a.shape[-1], a.shape[-2]) if transpose_a else (a.shape[-2], a.shape[-1])
+    kb, n = (b.shape[-1], b.shape[-2]) if transpose_b else (b.shape[-2], b.shape[-1])
+    if not rules.dims_match(ka, kb):
+        raise ShapeError(
+            f"inner dimensions differ: {rules.fmt(a.shape)} @ {rules.fmt(b.shape)} "
+            f"({ka} != {kb}{', after transposes' if transpose_a or transpose_b else ''})"
+        )
+    batch = rules.broadcast(a.shape[:-2], b.shape[:-2])
+    return TensorSpec(batch + (m, n), dtype)
+
+
+def _matmul_kernel(xp, a, b, *, transpose_a, transpose_b):
+    return xp.matmul(a.mT if transpose_a else a, b.mT if transpose_b else b)
+
+
+def _matmul_grad(op, g):
+    a, b = op.inputs
+    ta, tb = op.attrs["transpose_a"], op.attrs["transpose_b"]
+    ga = matmul(b, g, transpose_a=tb, transpose_b=True) if ta else matmul(g, b, transpose_b=not tb)
+    gb = matmul(g, a, transpose_a=True, transpose_b=ta) if tb else matmul(a, g, transpose_a=not ta)
+    return ga, gb
+
+
+defop("matmul", infer=_matmul_spec, kernel=_matmul_kernel, grad=_matmul_grad)
+
+# -- reductions -----------------------------------------------------------------
+
+
+def sum(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
+    """Sum over ``axis`` (an int, a tuple, or ``None`` for all axes)."""
+    return apply("sum", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def mean(x, axis=None, keepdims=False, name=None):
+    """Mean over ``axis`` (an int, a tuple, or ``None`` for all axes)."""
+    return apply("mean", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def max(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
+    """Maximum over ``axis``; the gradient is shared equally between tied maxima."""
+    return apply("max", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def _axis_attr(axis):
+    if axis is None or isinstance(axis, int):
+        return axis
+    return tuple(int(a) for a in axis)
+
+
+def _reduce_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    return TensorSpec(rules.reduced_shape(x.shape, axis, keepdims), x.dtype)
+
+
+def _mean_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    rules.need_float(x)
+    return _reduce_spec(x, axis=axis, keepdims=keepdims)
+
+
+def _max_grad(op, g):
+    x, y = op.inputs[0], op.outputs[0]
+    axis, keepdims = op.attrs["axis"], op.attrs["keepdims"]
+    is_max = cast(equal(x, unreduce(y, x, axis=axis, keepdims=keepdims)), x.dtype)
+    ties = unreduce(sum(is_max, axis=axis, keepdims=keepdims), x, axis=axis, keepdims=keepdims)
+    return (is_max * unreduce(g, x, axis=axis, keepdims=keepdims) / ties,)
+
+
+defop("sum", infer=_reduce_spec,
+      kernel=lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims),
+      grad=lambda op, g: (unreduce(g, op.inputs[0], **op.attrs),))
+defop("mean", infer=_mean_spec,
+      kernel=lambda xp, x, *, axis, keepdims: xp.mean(x, axis=axis, keepdims=keepdims),
+      grad=lambda op, g: (unreduce(g, op.inputs[0], mean=True, **op.attrs),))
+defop("max", infer=_reduce_spec,
+      kernel=lambda xp, x, *, axis, keepdims: xp.max(x, axis=axis, keepdims=keepdims),
+      grad=_max_grad)  # fmt: skip
+
+# -- broadcasting helpers used by gradients ----------------------------------------------
+
+
+def unreduce(g, x, axis=None, keepdims=False, mean=False, name=None):
+    """Broadcast ``g``, the result of reducing ``x`` over ``axis``, back to ``x``'s shape.
+
+    With ``mean=True`` it also divides by the number of reduced elements: the
+    gradient of :func:`mean`. It is the adjoint of ``sum`` (or ``mean``).
+    """
+    return apply("unreduce", g, x, axis=_axis_attr(axis), keepdims=bool(keepdims), mean=bool(mean), name=name)
+
+
+def _unreduce_spec(g: TensorSpec, x: TensorSpec, *, axis, keepdims, mean) -> TensorSpec:
+    expected = rules.reduced_shape(x.shape, axis, keepdims)
+    if len(g.shape) != len(expected) or not all(map(rules.dims_match, g.shape, expected)):
+        raise ShapeError(f"{rules.fmt(g.shape)} is not {rules.fmt(x.shape)} reduced over axis {axis}")
+    return TensorSpec(x.shape, g.dtype)
+
+
+def _unreduce_kernel(xp, g, x, *, axis, keepdims, mean):
+    axes = rules.axes_tuple(axis, x.ndim)
+    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    out = xp.broadcast_to(xp.reshape(g, tuple(kept)), x.shape)
+    if mean:
+        count = 1
+        for a in axes:
+            count *= x.shape[a]
+        out = out / count
+    return out
+
+
+def _unreduce_grad(op, gg):
+    reduce = mean if op.attrs["mean"] else sum
+    return reduce(gg, axis=op.attrs["axis"], keepdims=op.attrs["keepdims"]), None
+
+
+defop("unreduce", infer=_unreduce_spec, kernel=_unreduce_kernel, grad=_unreduce_grad)
+
+
+def reduce_to_like(g, x, name=None):
+    """Sum ``g`` down to ``x``'s shape: undoes NumPy broadcasting of ``x`` (a no-op when shapes agree)."""
+    return apply("reduce_to_like", g, x, name=name)
+
+
+def broadcast_like(a, b, name=None):
+    """``a`` broadcast to ``b``'s shape."""
+    return apply("broadcast_like", a, b, name=name)
+
+
+def _reduce_to_like_spec(g: TensorSpec, x: TensorSpec) -> TensorSpec:
+    rules.broadcast(g.shape, x.shape)  # raises unless x broadcasts to g
+    return TensorSpec(x.shape, g.dtype)
+
+
+def _reduce_to_like_kernel(xp, g, x):
+    if g.shape == x.shape:
+        return g
+    lead = g.ndim - x.ndim
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(x.shape) if d == 1 and g.shape[lead + i] != 1)
+    return xp.reshape(xp.sum(g, axis=axes, keepdims=True), x.shape)
+
+
+def _broadcast_like_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:
+    shape = rules.broadcast(a.shape, b.shape)
+    if len(shape) != len(b.shape):
+        raise ShapeError(f"{rules.fmt(a.shape)} has more axes than {rules.fmt(b.shape)}")
+    return TensorSpec(b.shape, a.dtype)
+
+
+defop("reduce_to_like", infer=_reduce_to_like_spec, kernel=_reduce_to_like_kernel,
+      grad=lambda op, gg: (broadcast_like(gg, op.inputs[0]), None))
+defop("broadcast_like", infer=_broadcast_like_spec,
+      kernel=lambda xp, a, b: xp.broadcast_to(a, b.shape),
+      grad=lambda op, gg: (reduce_to_like(gg, op.inputs[0]), None))  # fmt: skip

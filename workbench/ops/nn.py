@@ -1,0 +1,339 @@
+"""Neural-network ops: softmax, cross-entropy, conv2d, max_pool2d, dropout."""
+
+from __future__ import annotations
+
+from workbench.errors import DTypeError, GradientError, ShapeError
+from workbench.ops import rules
+from workbench.ops.math import exp, sum
+from workbench.ops.registry import INTS, TensorSpec, apply, defop
+
+# -- softmax family ----------------------------------------------------------------
+
+
+def softmax(x, axis=-1, name=None):
+    """``exp(x) / sum(exp(x))`` along ``axis``, computed without overflow."""
+    return apply("softmax", x, axis=int(axis), name=name)
+
+
+def log_softmax(x, axis=-1, name=None):
+    """``x - log(sum(exp(x)))`` along ``axis``, computed without overflow."""
+    return apply("log_softmax", x, axis=int(axis), name=name)
+
+
+def _softmax_spec(x: TensorSpec, *, axis) -> TensorSpec:
+    rules.need_float(x)
+    rules.axis_index(axis, len(x.shape))
+    return x
+
+
+def _softmax_kernel(xp, x, *, axis):
+    e = xp.exp(x - xp.max(x, axis=axis, keepdims=True))
+    return e / xp.sum(e, axis=axis, keepdims=True)
+
+
+def _log_softmax_kernel(xp, x, *, axis):
+    z = x - xp.max(x, axis=axis, keepdims=True)
+    return z - xp.log(xp.sum(xp.exp(z), axis=axis, keepdims=True))
+
+
+def _softmax_grad(op, g):
+    y, axis = op.outputs[0], op.attrs["axis"]
+    return (y * (g - sum(g * y, axis=axis, keepdims=True)),)
+
+
+def _log_softmax_grad(op, g):
+    y, axis = op.outputs[0], op.attrs["axis"]
+    return (g - exp(y) * sum(g, axis=axis, keepdims=True),)
+
+
+defop("softmax", infer=_softmax_spec, kernel=_softmax_kernel, grad=_softmax_grad)
+defop("log_softmax", infer=_softmax_spec, kernel=_log_softmax_kernel, grad=_log_softmax_grad)
+
+
+def softmax_cross_entropy(logits, labels, name=None):
+    """Per-example cross-entropy of ``softmax(logits)`` against integer class ``labels``.
+
+    ``logits`` has shape ``(..., classes)`` and ``labels`` the leading shape
+    ``(...)``. Computed from log-softmax, so it never overflows; the softmax is
+    kept as a second output for the gradient, as TensorFlow does.
+    """
+    loss, _probs = apply("softmax_cross_entropy", logits, labels, name=name)
+    return loss
+
+
+def _sce_spec(logits: TensorSpec, labels: TensorSpec):
+    rules.need_float(logits, "logits")
+    if labels.dtype not in INTS:
+        raise DTypeError(f"labels must be an integer tensor of class indices, got {labels.dtype}")
+    lead = logits.shape[:-1]
+    if len(logits.shape) < 1 or len(labels.shape) != len(lead) or not all(map(rules.dims_match, labels.shape, lead)):
+        raise ShapeError(
+            f"labels {rules.fmt(labels.shape)} must have the shape of logits {rules.fmt(logits.shape)} "
+            "without its last (class) axis"
+        )
+    return TensorSpec(lead, logits.dtype), logits
+
+
+def _sce_kernel(xp, logits, labels):
+    z = logits - xp.max(logits, axis=-1, keepdims=True)
+    e = xp.exp(z)
+    s = xp.sum(e, axis=-1, keepdims=True)
+    picked = xp.take_along_axis(z, xp.expand_dims(xp.astype(labels, xp.int64), axis=-1), axis=-1)
+    return xp.log(s[..., 0]) - picked[..., 0], e / s
+
+
+def _sce_grad(op, g, g_probs):
+    if g_probs is not None:
+        raise_second_output(op)
+    probs, labels = op.outputs[1], op.inputs[1]
+    return apply("softmax_cross_entropy_grad", probs, labels, g), None
+
+
+def raise_second_output(op):
+    raise GradientError(f"gradient of '{op.type}' with respect to its softmax output is not defined")
+
+
+def _sce_grad_kernel(xp, probs, labels, g):
+    classes = xp.arange(probs.shape[-1], dtype=labels.dtype)
+    hot = xp.astype(xp.expand_dims(labels, axis=-1) == classes, probs.dtype)
+    return (probs - hot) * xp.expand_dims(g, axis=-1)
+
+
+defop("softmax_cross_entropy", infer=_sce_spec, kernel=_sce_kernel, grad=_sce_grad, num_outputs=2)
+defop("softmax_cross_entropy_grad",
+      infer=lambda probs, labels, g: probs,
+      kernel=_sce_grad_kernel,
+      nondiff="gradient of the cross-entropy; second derivatives are not supported")  # fmt: skip
+
+# -- convolution and pooling (NCHW) ---------------------------------------------------
+
+
+def _pair(v) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    a, b = v
+    return (int(a), int(b))
+
+
+def _check_padding(padding: str) -> str:
+    if padding not in ("same", "valid"):
+        raise ShapeError(f'padding must be "same" or "valid", got {padding!r}')
+    return padding
+
+
+def conv2d(x, w, stride=1, padding="valid", name=None):
+    """2-D convolution (cross-correlation) of ``x`` (N, C, H, W) with ``w`` (O, C, kh, kw).
+
+    ``padding="same"`` pads so that the output has ``ceil(H / stride)`` rows,
+    the extra row going at the bottom, as in TensorFlow.
+    """
+    return apply("conv2d", x, w, stride=_pair(stride), padding=_check_padding(padding), name=name)
+
+
+def _out_size(size, k, s, padding):
+    """(pad_before, pad_after, output size) for one spatial axis."""
+    if size is None:
+        return None, None, None
+    if padding == "valid":
+        return 0, 0, (size - k) // s + 1
+    out = -(-size // s)
+    total = (out - 1) * s + k - size
+    total = total if total > 0 else 0
+    return total // 2, total - total // 2, out
+
+
+def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
+    dtype = rules.same_dtype(x, w)
+    rules.need_float(x)
+    if len(x.shape) != 4 or len(w.shape) != 4:
+        raise ShapeError(
+            f"needs x of shape (N, C, H, W) and w of shape (O, C, kh, kw), got {rules.fmt(x.shape)} and {rules.fmt(w.shape)}"
+        )
+    if not rules.dims_match(x.shape[1], w.shape[1]):
+        raise ShapeError(f"x has {x.shape[1]} channels but w {rules.fmt(w.shape)} expects {w.shape[1]}")
+    if min(stride) < 1:
+        raise ShapeError(f"stride must be positive, got {stride}")
+    outs = []
+    for size, k, s in zip(x.shape[2:], w.shape[2:], stride):
+        out = _out_size(size, k, s, padding)[2]
+        if out is not None and out < 1:
+            raise ShapeError(f"kernel {rules.fmt(w.shape[2:])} is larger than the input {rules.fmt(x.shape[2:])}")
+        outs.append(out)
+    return TensorSpec((x.shape[0], w.shape[0], *outs), dtype)
+
+
+def _padded(xp, x, pads, fill=0.0):
+    (pt, pb), (pl, pr) = pads
+    if not (pt or pb or pl or pr):
+        return x
+    n, c, h, w = x.shape
+    out = xp.full((n, c, h + pt + pb, w + pl + pr), fill, dtype=x.dtype)
+    out[:, :, pt : pt + h, pl : pl + w] = x
+    return out
+
+
+def _geometry(shape, kernel, stride, padding):
+    """Padding and output size of both spatial axes."""
+    (pt, pb, ho), (pl, pr, wo) = (_out_size(shape[i + 2], kernel[i], stride[i], padding) for i in (0, 1))
+    return ((pt, pb), (pl, pr)), ho, wo
+
+
+def _windows(xp, x, kernel, stride, padding, fill=0.0):
+    """The kh*kw shifted, strided views of padded ``x``: a list of (N, C, Ho, Wo) arrays."""
+    pads, ho, wo = _geometry(x.shape, kernel, stride, padding)
+    xp_ = _padded(xp, x, pads, fill)
+    (kh, kw), (sh, sw) = kernel, stride
+    return [
+        xp_[:, :, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] for i in range(kh) for j in range(kw)
+    ]
+
+
+def _unwindow(xp, parts, shape, kernel, stride, padding):
+    """Adjoint of :func:`_windows`: add each (N, C, Ho, Wo) part back at its offset."""
+    pads, ho, wo = _geometry(shape, kernel, stride, padding)
+    (pt, pb), (pl, pr) = pads
+    n, c, h, w = shape
+    out = xp.zeros((n, c, h + pt + pb, w + pl + pr), dtype=parts[0].dtype)
+    (kh, kw), (sh, sw) = kernel, stride
+    for p, part in enumerate(parts):
+        i, j = divmod(p, kw)
+        region = (slice(None), slice(None), slice(i, i + sh * (ho - 1) + 1, sh), slice(j, j + sw * (wo - 1) + 1, sw))
+        out[region] = out[region] + part
+    return out[:, :, pt : pt + h, pl : pl + w]
+
+
+def _im2col(xp, x, kernel, stride, padding):
+    """(N, C*kh*kw, Ho*Wo) columns of ``x``."""
+    cols = xp.stack(_windows(xp, x, kernel, stride, padding), axis=2)  # (N, C, kh*kw, Ho, Wo)
+    n, c, k, ho, wo = cols.shape
+    return xp.reshape(cols, (n, c * k, ho * wo)), ho, wo
+
+
+def _conv_kernel(xp, x, w, *, stride, padding):
+    cols, ho, wo = _im2col(xp, x, w.shape[2:], stride, padding)
+    out = xp.matmul(xp.reshape(w, (w.shape[0], -1)), cols)  # (N, O, Ho*Wo)
+    return xp.reshape(out, (x.shape[0], w.shape[0], ho, wo))
+
+
+def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
+    o, c, kh, kw = w.shape
+    n = g.shape[0]
+    cols = xp.matmul(xp.reshape(w, (o, -1)).mT, xp.reshape(g, (n, o, -1)))  # (N, C*kh*kw, Ho*Wo)
+    cols = xp.reshape(cols, (n, c, kh * kw) + g.shape[2:])
+    parts = [cols[:, :, p] for p in range(kh * kw)]
+    return _unwindow(xp, parts, x.shape, (kh, kw), stride, padding)
+
+
+def _conv_filter_grad_kernel(xp, x, g, w, *, stride, padding):
+    cols, _, _ = _im2col(xp, x, w.shape[2:], stride, padding)
+    n, o = g.shape[:2]
+    per_example = xp.matmul(xp.reshape(g, (n, o, -1)), cols.mT)  # (N, O, C*kh*kw)
+    return xp.reshape(xp.sum(per_example, axis=0), w.shape)
+
+
+def conv2d_input_grad(g, x, w, stride=1, padding="valid", name=None):
+    """Gradient of :func:`conv2d` with respect to ``x`` (``x`` gives only the shape)."""
+    return apply("conv2d_input_grad", g, x, w, stride=_pair(stride), padding=padding, name=name)
+
+
+def conv2d_filter_grad(x, g, w, stride=1, padding="valid", name=None):
+    """Gradient of :func:`conv2d` with respect to ``w`` (``w`` gives only the shape)."""
+    return apply("conv2d_filter_grad", x, g, w, stride=_pair(stride), padding=padding, name=name)
+
+
+def _conv_grad(op, g):
+    x, w = op.inputs
+    return conv2d_input_grad(g, x, w, **op.attrs), conv2d_filter_grad(x, g, w, **op.attrs)
+
+
+def _conv_input_grad_grad(op, gg):
+    g, x, w = op.inputs  # the op is linear in g and in w
+    return conv2d(gg, w, **op.attrs), None, conv2d_filter_grad(gg, g, w, **op.attrs)
+
+
+def _conv_filter_grad_grad(op, gg):
+    x, g, w = op.inputs  # the op is linear in x and in g
+    return conv2d_input_grad(g, x, gg, **op.attrs), conv2d(x, gg, **op.attrs), None
+
+
+defop("conv2d", infer=_conv_spec, kernel=_conv_kernel, grad=_conv_grad)
+defop("conv2d_input_grad", infer=lambda g, x, w, **_: TensorSpec(x.shape, g.dtype),
+      kernel=_conv_input_grad_kernel, grad=_conv_input_grad_grad)
+defop("conv2d_filter_grad", infer=lambda x, g, w, **_: TensorSpec(w.shape, g.dtype),
+      kernel=_conv_filter_grad_kernel, grad=_conv_filter_grad_grad)  # fmt: skip
+
+
+def max_pool2d(x, size, stride=None, padding="valid", name=None):
+    """Max pooling of ``x`` (N, C, H, W) over ``size`` windows; ``stride`` defaults to ``size``."""
+    size = _pair(size)
+    stride = size if stride is None else _pair(stride)
+    return apply("max_pool2d", x, size=size, stride=stride, padding=_check_padding(padding), name=name)
+
+
+def _pool_spec(x: TensorSpec, *, size, stride, padding) -> TensorSpec:
+    rules.need_float(x)
+    if len(x.shape) != 4:
+        raise ShapeError(f"needs x of shape (N, C, H, W), got {rules.fmt(x.shape)}")
+    if min(size) < 1 or min(stride) < 1:
+        raise ShapeError(f"size and stride must be positive, got {size} and {stride}")
+    outs = []
+    for dim, k, s in zip(x.shape[2:], size, stride):
+        out = _out_size(dim, k, s, padding)[2]
+        if out is not None and out < 1:
+            raise ShapeError(f"window {size} is larger than the input {rules.fmt(x.shape[2:])}")
+        outs.append(out)
+    return TensorSpec(x.shape[:2] + tuple(outs), x.dtype)
+
+
+def _pool_kernel(xp, x, *, size, stride, padding):
+    parts = _windows(xp, x, size, stride, padding, fill=-float("inf"))
+    return xp.max(xp.stack(parts, axis=0), axis=0)
+
+
+def _pool_grad_kernel(xp, g, x, *, size, stride, padding):
+    parts = xp.stack(_windows(xp, x, size, stride, padding, fill=-float("inf")), axis=0)
+    winner = xp.argmax(parts, axis=0)  # the first maximum of each window takes the gradient
+    zero = xp.zeros_like(g)
+    grads = [xp.where(winner == p, g, zero) for p in range(parts.shape[0])]
+    return _unwindow(xp, grads, x.shape, size, stride, padding)
+
+
+def _pool_grad(op, g):
+    return (apply("max_pool2d_grad", g, op.inputs[0], **op.attrs),)
+
+
+defop("max_pool2d", infer=_pool_spec, kernel=_pool_kernel, grad=_pool_grad)
+defop("max_pool2d_grad", infer=lambda g, x, **_: TensorSpec(x.shape, g.dtype), kernel=_pool_grad_kernel,
+      nondiff="gradient of max_pool2d; second derivatives are not supported")  # fmt: skip
+
+# -- dropout -------------------------------------------------------------------------------
+
+
+def dropout(x, rate, seed=None, name=None):
+    """Zero each element with probability ``rate`` and scale the rest by ``1 / (1 - rate)``.
+
+    The mask comes from a generator seeded by the session's seed, this op's
+    ``seed`` (its name when ``None``) and the run count, so runs repeat exactly.
+    """
+    if not 0.0 <= float(rate) < 1.0:
+        raise ShapeError(f"dropout rate must be in [0, 1), got {rate}")
+    y, _mask = apply("dropout", x, rate=float(rate), seed=seed, name=name)
+    return y
+
+
+def _dropout_spec(x: TensorSpec, *, rate, seed):
+    rules.need_float(x)
+    return x, x
+
+
+def _dropout_kernel(xp, x, *, rate, seed, rng):
+    kept = rng.random(tuple(x.shape)) < (1.0 - rate)  # drawn on the host: the same mask on every device
+    mask = xp.astype(xp.asarray(kept), x.dtype) / (1.0 - rate)
+    return x * mask, mask
+
+
+def _dropout_grad(op, g, g_mask):
+    return (g * op.outputs[1],)
+
+
+defop("dropout", infer=_dropout_spec, kernel=_dropout_kernel, grad=_dropout_grad, num_outputs=2, random=True)

@@ -1,0 +1,116 @@
+"""The op registry: one entry per op, with its shape rule, kernel and gradient side by side.
+
+An op is registered once with :func:`defop`:
+
+- ``infer(*specs, **attrs)`` returns the output :class:`TensorSpec` (or a tuple of
+  them) and raises :class:`~workbench.errors.ShapeError` or
+  :class:`~workbench.errors.DTypeError` for inputs that do not fit;
+- ``kernel(xp, *arrays, **attrs)`` computes the outputs with the array namespace
+  ``xp`` (NumPy, CuPy, any array-API namespace), so one kernel serves every device;
+- ``grad(op, *output_grads)`` returns one gradient tensor (or ``None``) per input,
+  built from the same op functions, so the backward pass is ordinary graph.
+
+Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
+at import time. The registry knows nothing of graphs: op functions reach the graph
+layer through :func:`apply`, which the graph binds when it is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from workbench.errors import DTypeError
+
+Shape = tuple  # of int | None
+
+
+class TensorSpec(NamedTuple):
+    """Static description of a tensor: a shape (``None`` for unknown dimensions) and a dtype name."""
+
+    shape: Shape
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpDef:
+    name: str
+    infer: Callable[..., Any]
+    kernel: Callable[..., Any] | None
+    grad: Callable[..., Any] | None = None
+    nondiff: str | None = None  # why the op has no gradient
+    num_outputs: int = 1
+    stateful: bool = False  # reads or writes session state; never folded or merged
+    random: bool = False  # the kernel takes a ``rng`` keyword
+    elementwise: bool = False  # output[i] depends only on inputs[i] (after broadcasting)
+    variadic: bool = False  # takes any number of inputs (concat, stack, group)
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def defop(name: str, **fields: Any) -> OpDef:
+    """Register an op; see the module docstring for the fields."""
+    if name in REGISTRY:
+        raise ValueError(f"op {name!r} is registered twice")
+    opdef = OpDef(name=name, **fields)
+    if opdef.grad is None and opdef.nondiff is None:
+        raise ValueError(f"op {name!r} needs a gradient rule or a nondiff reason")
+    REGISTRY[name] = opdef
+    return opdef
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown op type {name!r}") from None
+
+
+# -- the link to the graph layer ------------------------------------------------
+
+_builder: Callable[..., Any] | None = None
+
+
+def bind_builder(builder: Callable[..., Any]) -> None:
+    """Called once by the graph layer: ``builder(op_type, inputs, attrs, name)`` adds an op."""
+    global _builder
+    _builder = builder
+
+
+def apply(op_type: str, *inputs: Any, name: str | None = None, **attrs: Any) -> Any:
+    """Add an op of ``op_type`` to the graph of its inputs (or the default graph)."""
+    if _builder is None:  # pragma: no cover - the package binds it on import
+        raise RuntimeError("workbench.graph is not imported")
+    return _builder(op_type, inputs, attrs, name)
+
+
+# -- dtypes ---------------------------------------------------------------------
+
+DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8",
+    "float16", "float32", "float64",
+)  # fmt: skip
+FLOATS = ("float16", "float32", "float64")
+INTS = ("int8", "int16", "int32", "int64", "uint8")
+
+
+def as_dtype(dtype: Any) -> str:
+    """The canonical name of ``dtype`` (a name, a NumPy dtype or a type), or DTypeError."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in DTYPES:
+        raise DTypeError(f"unsupported dtype {dtype!r}; workbench supports {', '.join(DTYPES)}")
+    return name
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOATS

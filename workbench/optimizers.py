@@ -1,0 +1,143 @@
+"""Optimizers as graph ops: slot variables and update operations live in the graph.
+
+>>> import workbench as wb
+>>> g = wb.Graph()
+>>> with g.as_default():
+...     w = wb.variable("w", shape=(2,), init=1.0)
+...     train = wb.optimizers.SGD(0.25).minimize(wb.sum(w * w))
+>>> sess = wb.Session(g)
+>>> sess.run(train)
+>>> sess.variables["w"].tolist()
+[0.5, 0.5]
+"""
+
+from __future__ import annotations
+
+from workbench import ops
+from workbench.errors import GradientError, GraphError
+from workbench.graph.core import Operation, Tensor, Variable, group
+from workbench.graph.gradients import gradients
+
+__all__ = ["Optimizer", "SGD", "Momentum", "Adam"]
+
+
+class Optimizer:
+    """Base class: gradients, optional weight decay and global-norm clipping, then :meth:`_apply`.
+
+    Parameters
+    ----------
+    learning_rate : float or scalar Tensor
+    weight_decay : float
+        L2 penalty added to each gradient (decoupled from the gradient in Adam).
+    clip_norm : float, optional
+        Scale all gradients together so that their global norm is at most this.
+    """
+
+    def __init__(self, learning_rate, weight_decay: float = 0.0, clip_norm: float | None = None, name: str | None = None):
+        if not isinstance(learning_rate, Tensor) and float(learning_rate) <= 0:
+            raise GraphError(f"learning_rate must be positive, got {learning_rate}")
+        if clip_norm is not None and clip_norm <= 0:
+            raise GraphError(f"clip_norm must be positive, got {clip_norm}")
+        self.learning_rate = learning_rate
+        self.weight_decay = float(weight_decay)
+        self.clip_norm = clip_norm
+        self.name = name or type(self).__name__
+
+    def compute_gradients(self, loss: Tensor, var_list=None) -> list[tuple[Tensor, Variable]]:
+        """``(gradient, variable)`` pairs for the trainable variables ``loss`` depends on."""
+        if var_list is None:
+            var_list = loss.graph.trainable_variables
+        var_list = list(var_list)
+        if not var_list:
+            raise GraphError(f"graph {loss.graph.name!r} has no trainable variables to optimize")
+        grads = gradients(loss, var_list)
+        pairs = [(g, v) for g, v in zip(grads, var_list) if g is not None]
+        if not pairs:
+            names = ", ".join(v.name for v in var_list)
+            raise GradientError(f"loss {loss.name!r} does not depend on any of the variables {names}")
+        return pairs
+
+    def apply_gradients(self, grads_and_vars, name: str | None = None) -> Operation:
+        """The operation that updates every variable from its gradient."""
+        grads_and_vars = list(grads_and_vars)
+        graph = grads_and_vars[0][1].graph
+        scope = graph.unique_name(self.name)
+        with graph.name_scope(scope):
+            if self.clip_norm is not None:
+                grads_and_vars = _clip_by_global_norm(grads_and_vars, self.clip_norm)
+            updates = self._apply(grads_and_vars)
+        return group(*updates, name=name or f"{scope}/update")
+
+    def minimize(self, loss: Tensor, var_list=None, name: str | None = None) -> Operation:
+        """Add gradients and updates for ``loss``; returns the update operation to run."""
+        return self.apply_gradients(self.compute_gradients(loss, var_list), name=name)
+
+    def _apply(self, grads_and_vars) -> list:
+        raise NotImplementedError
+
+    def _decayed(self, g: Tensor, v: Variable) -> Tensor:
+        return g + self.weight_decay * v if self.weight_decay else g
+
+    def _slot(self, v: Variable, slot: str) -> Variable:
+        return ops.variable(f"{v.name}/{slot}", shape=v.shape, init="zeros", dtype=v.dtype, trainable=False)
+
+
+class SGD(Optimizer):
+    """Plain stochastic gradient descent: ``v -= lr * g``."""
+
+    def _apply(self, grads_and_vars):
+        return [ops.assign_sub(v, self.learning_rate * self._decayed(g, v)) for g, v in grads_and_vars]
+
+
+class Momentum(Optimizer):
+    """SGD with momentum: ``a = mu * a + g; v -= lr * a`` (Nesterov: ``v -= lr * (g + mu * a)``)."""
+
+    def __init__(self, learning_rate, momentum: float = 0.9, nesterov: bool = False, **kwargs):
+        super().__init__(learning_rate, **kwargs)
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+
+    def _apply(self, grads_and_vars):
+        updates = []
+        for g, v in grads_and_vars:
+            g = self._decayed(g, v)
+            acc = self._slot(v, "momentum")
+            new_acc = ops.assign(acc, self.momentum * acc + g)
+            step = g + self.momentum * new_acc if self.nesterov else new_acc
+            updates.append(ops.assign_sub(v, self.learning_rate * step))
+        return updates
+
+
+class Adam(Optimizer):
+    """Adam (Kingma & Ba) with bias correction; ``weight_decay`` is decoupled, as in AdamW."""
+
+    def __init__(self, learning_rate=0.001, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8, **kwargs):
+        super().__init__(learning_rate, **kwargs)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+
+    def _apply(self, grads_and_vars):
+        dtype = grads_and_vars[0][1].dtype
+        step = ops.variable("step", shape=(), init="zeros", dtype=dtype, trainable=False)
+        t = ops.assign_add(step, 1.0)
+        corrected = ops.sqrt(1.0 - ops.pow(self.beta2, t)) / (1.0 - ops.pow(self.beta1, t))
+        updates = []
+        for g, v in grads_and_vars:
+            m, s = self._slot(v, "m"), self._slot(v, "v")
+            new_m = ops.assign(m, self.beta1 * m + (1.0 - self.beta1) * g)
+            new_s = ops.assign(s, self.beta2 * s + (1.0 - self.beta2) * (g * g))
+            lr_t = self.learning_rate * (corrected if v.dtype == dtype else ops.cast(corrected, v.dtype))
+            delta = lr_t * new_m / (ops.sqrt(new_s) + self.epsilon)
+            if self.weight_decay:
+                delta = delta + (self.learning_rate * self.weight_decay) * v
+            updates.append(ops.assign_sub(v, delta))
+        return updates
+
+
+def _clip_by_global_norm(grads_and_vars, clip_norm: float):
+    dtype = grads_and_vars[0][0].dtype
+    squares = [ops.cast(ops.sum(g * g), dtype) for g, _ in grads_and_vars]
+    total = squares[0]
+    for s in squares[1:]:
+        total = total + s
+    norm = ops.sqrt(total)
+    scale = clip_norm / ops.maximum(norm, clip_norm)
+    return [(g * ops.cast(scale, g.dtype), v) for g, v in grads_and_vars]

@@ -1,0 +1,355 @@
+"""Sessions: run a graph's fetches with feeds, keep variables, train with ``fit``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError
+from workbench.events import EventStream
+from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
+from workbench.graph.passes import optimize
+from workbench.graph.plan import Plan
+from workbench.ops import rules
+from workbench.ops.state import initial_value
+from workbench.training import History, batch_indices, check_data
+
+CHECKPOINT_MARK = "__workbench_checkpoint__"
+
+
+class Session:
+    """Runs a graph and keeps the values of its variables.
+
+    Parameters
+    ----------
+    graph : Graph, optional
+        The graph to run (the default graph when left out).
+    seed : int
+        Seeds variable initializers, dropout and the batch order of :meth:`fit`.
+    cluster : optional
+        Reserved for distributed execution.
+    device : {"cpu"}
+        Where kernels run.
+
+    Examples
+    --------
+    >>> import workbench as wb
+    >>> g = wb.Graph()
+    >>> with g.as_default():
+    ...     x = wb.placeholder("x", shape=(None, 2))
+    ...     w = wb.variable("w", init=[[1.0], [2.0]])
+    ...     y = wb.matmul(x, w)
+    >>> wb.Session(g).run(y, feed_dict={"x": [[3.0, 4.0]]}).tolist()
+    [[11.0]]
+    """
+
+    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu"):
+        self.graph = graph if graph is not None else get_default_graph()
+        if not isinstance(self.graph, Graph):
+            raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
+        self.seed = int(seed)
+        if cluster is not None:
+            raise ClusterError("distributed sessions are not available in this version of workbench")
+        if device != "cpu":
+            raise DeviceError(f"unknown device {device!r}; use 'cpu'")
+        self.device = device
+        self.xp = np
+        self.events = EventStream()
+        self._state: dict[str, Any] = {}
+        self._plans: dict[tuple, tuple[Plan, list[str]]] = {}
+        self._fits = 0
+
+    # -- variables ---------------------------------------------------------------------
+    def initialize(self, names=None) -> None:
+        """(Re)set variables (all when ``names`` is None) to their initial values."""
+        for name in self._variable_names(names):
+            op = self.graph.operation(name)
+            self._state[name] = self.xp.asarray(initial_value(name, op.attrs, self.seed))
+
+    def _ensure_initialized(self, names) -> None:
+        missing = [n for n in names if n not in self._state]
+        if missing:
+            self.initialize(missing)
+
+    def _variable_names(self, names) -> list[str]:
+        if names is None:
+            return [v.name for v in self.graph.variables]
+        out = []
+        for n in names:
+            n = n.name if isinstance(n, Tensor) else n
+            if n not in self.graph or self.graph.operation(n).type != "variable":
+                raise GraphError(f"graph {self.graph.name!r} has no variable named {n!r}")
+            out.append(n)
+        return out
+
+    @property
+    def variables(self) -> dict[str, np.ndarray]:
+        """Variable name to a NumPy copy of its current value."""
+        self._ensure_initialized([v.name for v in self.graph.variables])
+        return {name: np.array(self._to_host(value)) for name, value in self._state.items() if name in self.graph}
+
+    def _to_host(self, value):
+        return value
+
+    # -- running -----------------------------------------------------------------------
+    def run(self, fetches, feed_dict=None, check_numerics: bool = False):
+        """Compute ``fetches`` (a tensor, an operation, a name, or a list, tuple or dict of them).
+
+        ``feed_dict`` maps placeholders (tensors or names) to values. Tensors come
+        back as NumPy arrays, operations as ``None``, in the structure of ``fetches``.
+        With ``check_numerics=True`` the run stops at the first op that makes a
+        NaN or Inf, and the error names it.
+        """
+        flat, unflatten = _flatten(fetches)
+        names = [self._fetch_name(f) for f in flat]
+        feeds = self._check_feeds(feed_dict or {})
+        plan, order = self._plan(names, feeds)
+        values = plan.run([feeds[n] for n in order], check_numerics=check_numerics)
+        return unflatten([None if v is None else self._to_host(v) for v in values])
+
+    def _plan(self, names: list[str], feeds: dict) -> tuple[Plan, list[str]]:
+        key = (tuple(names), tuple(sorted((n, v.dtype.str) for n, v in feeds.items())))
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        started = time.perf_counter()
+        graph = optimize(self.graph, names, fed=feeds)
+        missing = [op for op in graph.operations if op.type == "placeholder" and op.name not in feeds]
+        if missing:
+            ph = missing[0].outputs[0]
+            raise FeedError(
+                f"placeholder {ph.name!r} (shape {_fmt(ph.shape)}, {ph.dtype}) must be fed to compute "
+                f"{', '.join(repr(n) for n in names)}"
+            )
+        order = [op.name for op in graph.operations if op.type == "placeholder"]
+        plan = Plan(graph, names, order, self.xp, self._state, seed=self.seed)
+        self._ensure_initialized(plan.variable_names + _updated_variables(graph))
+        self._plans[key] = (plan, order)
+        self.events.emit(
+            "plan_compiled", fetches=names, ops=len(self.graph.operations), steps=len(plan),
+            seconds=time.perf_counter() - started,
+        )  # fmt: skip
+        return plan, order
+
+    def _fetch_name(self, fetch) -> str:
+        if isinstance(fetch, (Tensor, Operation)):
+            if fetch.graph is not self.graph:
+                raise GraphError(f"{fetch.name!r} belongs to graph {fetch.graph.name!r}, not this session's {self.graph.name!r}")
+            return fetch.name
+        if isinstance(fetch, str):
+            found = self.graph.get(fetch)
+            return found.name
+        raise GraphError(f"cannot fetch {fetch!r}: fetch tensors, operations or their names")
+
+    def _placeholder(self, key) -> Tensor:
+        if isinstance(key, Tensor):
+            if key.graph is not self.graph:
+                raise FeedError(f"feed key {key.name!r} belongs to graph {key.graph.name!r}, not {self.graph.name!r}")
+            tensor = key
+        elif isinstance(key, str):
+            try:
+                tensor = self.graph.get(key)
+            except GraphError:
+                raise FeedError(f"graph {self.graph.name!r} has no placeholder named {key!r}") from None
+        else:
+            raise FeedError(f"feed keys are placeholders or their names, got {key!r}")
+        if not isinstance(tensor, Tensor) or tensor.op.type != "placeholder":
+            raise FeedError(f"only placeholders can be fed; {key!r} is a {getattr(tensor, 'op', tensor).type} op")
+        return tensor
+
+    def _check_feeds(self, feed_dict: dict) -> dict:
+        feeds = {}
+        for key, value in feed_dict.items():
+            ph = self._placeholder(key)
+            feeds[ph.name] = self._feed_value(ph, value)
+        return feeds
+
+    def _feed_value(self, ph: Tensor, value, any_length: bool = False):
+        """``value`` as an array of the placeholder's dtype, or FeedError; ``any_length``
+        accepts any size along the first axis (a whole data set)."""
+        array = np.asarray(value)
+        if array.dtype.name != ph.dtype:
+            if array.dtype == object or not np.can_cast(array.dtype, ph.dtype, "same_kind"):
+                raise FeedError(f"placeholder {ph.name!r} expects {ph.dtype} values, got {array.dtype}")
+            array = array.astype(ph.dtype)
+        if ph.shape is not None:
+            expected = ph.shape[:1] if not any_length else (None,) if ph.shape else ()
+            expected += ph.shape[1:]
+            if array.ndim != len(expected) or not all(d is None or d == s for d, s in zip(expected, array.shape)):
+                what = "data of shape" if any_length else "shape"
+                raise FeedError(f"placeholder {ph.name!r} expects shape {_fmt(ph.shape)}, got {what} {_fmt(array.shape)}")
+        return array
+
+    # -- training ----------------------------------------------------------------------
+    def fit(
+        self,
+        train,
+        data: dict,
+        batch_size: int,
+        steps: int | None = None,
+        epochs: int | None = None,
+        fetches=None,
+        check_numerics: bool = False,
+        callback: Callable[[dict], Any] | None = None,
+    ) -> History:
+        """Run ``train`` on batches of ``data`` and record each step.
+
+        Parameters
+        ----------
+        train : Operation or Tensor
+            What one step runs, usually ``optimizer.minimize(loss)``.
+        data : dict
+            Placeholder (name or tensor) to an array of examples; all of one length.
+        batch_size : int
+            Examples per step. Batches are drawn in a deterministic order from
+            the session's seed (shuffled epochs; the last partial batch is dropped).
+        steps, epochs : int
+            How long to train (``epochs`` counts full passes; default one epoch).
+        fetches : list or dict, optional
+            Tensors recorded at every step, by name (or by the dict's keys).
+
+        Returns
+        -------
+        History
+            ``records``: one dict per step with ``"step"``, ``"time"``,
+            ``"samples_per_s"`` and each fetch.
+        """
+        arrays = {}
+        for key, value in data.items():
+            ph = self._placeholder(key)
+            arrays[ph.name] = self._feed_value(ph, value, any_length=True)
+        n = check_data(arrays)
+        if steps is None:
+            steps = (epochs or 1) * (n // batch_size)
+        labels, fetch_list = _fetch_labels(fetches)
+        history = History()
+        self._fits += 1
+        self.events.emit("fit_started", steps=steps, batch_size=batch_size, fetches=labels)
+        for step, idx in enumerate(batch_indices(n, batch_size, steps, seed=(self.seed, self._fits)), start=1):
+            started = time.perf_counter()
+            batch = {name: a[idx] for name, a in arrays.items()}
+            values = self.run([train, *fetch_list], batch, check_numerics=check_numerics)
+            elapsed = time.perf_counter() - started
+            record = {"step": step, "time": elapsed, "samples_per_s": batch_size / elapsed if elapsed > 0 else float("inf")}
+            record.update(zip(labels, (_scalar(v) for v in values[1:])))
+            history.append(record)
+            self.events.emit("step", **record)
+            if callback is not None:
+                callback(record)
+        self.events.emit("fit_finished", steps=steps)
+        return history
+
+    # -- checkpoints -------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> str:
+        """Write every variable's value to ``path`` (.npz), atomically: a crash leaves the old file."""
+        values = self.variables
+        path = os.fspath(path)
+        directory = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **{CHECKPOINT_MARK: np.array(1)}, **values)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+    def restore(self, path: str | os.PathLike, strict: bool = True) -> None:
+        """Load variable values written by :meth:`save`; checks everything before changing anything.
+
+        With ``strict=True`` every variable of the graph must be in the file.
+        """
+        loaded = read_checkpoint(path)
+        graph_vars = {v.name: v for v in self.graph.variables}
+        unknown = sorted(set(loaded) - set(graph_vars))
+        if unknown:
+            raise FormatError(f"checkpoint {os.fspath(path)!r} has variables this graph lacks: {', '.join(unknown)}")
+        missing = sorted(set(graph_vars) - set(loaded))
+        if strict and missing:
+            raise FormatError(f"checkpoint {os.fspath(path)!r} lacks variables: {', '.join(missing)}")
+        for name, value in loaded.items():
+            v = graph_vars[name]
+            if value.shape != v.shape or value.dtype.name != v.dtype:
+                raise FormatError(
+                    f"checkpoint value of {name!r} is {value.dtype.name} {_fmt(value.shape)}, "
+                    f"the variable is {v.dtype} {_fmt(v.shape)}"
+                )
+        for name, value in loaded.items():
+            self._state[name] = self.xp.asarray(value)
+
+
+def read_checkpoint(path) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint file, or FormatError; never unpickles."""
+    try:
+        with np.load(os.fspath(path), allow_pickle=False) as archive:
+            if CHECKPOINT_MARK not in archive.files:
+                raise FormatError(f"{os.fspath(path)!r} is not a workbench checkpoint")
+            return {name: archive[name] for name in archive.files if name != CHECKPOINT_MARK}
+    except FormatError:
+        raise
+    except FileNotFoundError:
+        raise FormatError(f"no checkpoint at {os.fspath(path)!r}") from None
+    except Exception as e:  # zipfile, pickle refusal, truncated data, bad headers
+        raise FormatError(f"cannot read checkpoint {os.fspath(path)!r}: {type(e).__name__}: {e}") from None
+
+
+def _updated_variables(graph: Graph) -> list[str]:
+    return [op.inputs[0].op.name for op in graph.operations if op.opdef.stateful and op.inputs]
+
+
+def _fmt(shape) -> str:
+    return "any" if shape is None else rules.fmt(shape)
+
+
+def _scalar(value):
+    if value is None:
+        return None
+    array = np.asarray(value)
+    return float(array) if array.ndim == 0 else array
+
+
+def _fetch_labels(fetches) -> tuple[list[str], list]:
+    if fetches is None:
+        return [], []
+    if isinstance(fetches, dict):
+        return list(fetches), list(fetches.values())
+    if not isinstance(fetches, (list, tuple)):
+        fetches = [fetches]
+    return [f if isinstance(f, str) else f.name for f in fetches], list(fetches)
+
+
+def _flatten(fetches) -> tuple[list, Callable[[list], Any]]:
+    """Flat fetches and a function that puts results back into the caller's structure."""
+    if isinstance(fetches, dict):
+        keys = list(fetches)
+        parts = [_flatten(fetches[k]) for k in keys]
+        return _join(parts, lambda vals: dict(zip(keys, vals)))
+    if isinstance(fetches, (list, tuple)):
+        parts = [_flatten(f) for f in fetches]
+        kind = type(fetches) if type(fetches) in (list, tuple) else list
+        return _join(parts, kind)
+    return [fetches], lambda vals: vals[0]
+
+
+def _join(parts, build):
+    flat, sizes = [], []
+    for items, _ in parts:
+        flat.extend(items)
+        sizes.append(len(items))
+
+    def unflatten(values):
+        out, i = [], 0
+        for (_, inner), size in zip(parts, sizes):
+            out.append(inner(values[i : i + size]))
+            i += size
+        return build(out)
+
+    return flat, unflatten

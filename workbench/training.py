@@ -1,0 +1,69 @@
+"""What every training loop shares: the deterministic batch order and the history of steps."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from workbench.errors import FeedError
+
+
+def batch_indices(num_examples: int, batch_size: int, steps: int, seed) -> Iterator[np.ndarray]:
+    """Indices of each step's batch: shuffled epochs drawn from ``seed``, last partial batch dropped.
+
+    The same arguments give the same batches on any machine and any number of
+    workers, which is what makes local and distributed training agree.
+    """
+    if batch_size < 1:
+        raise FeedError(f"batch_size must be positive, got {batch_size}")
+    if num_examples < batch_size:
+        raise FeedError(f"batch_size {batch_size} is larger than the data ({num_examples} examples)")
+    rng = np.random.default_rng([*np.atleast_1d(seed).tolist(), 0x5EED])
+    per_epoch = num_examples // batch_size
+    order = None
+    for step in range(steps):
+        k = step % per_epoch
+        if k == 0:
+            order = rng.permutation(num_examples)
+        yield np.sort(order[k * batch_size : (k + 1) * batch_size])
+
+
+def check_data(data: dict) -> int:
+    """The common length of the arrays in ``data``, or FeedError."""
+    if not data:
+        raise FeedError("fit() needs data: a dict from placeholder names (or tensors) to arrays")
+    lengths = {name: len(value) for name, value in data.items()}
+    if len(set(lengths.values())) > 1:
+        raise FeedError(f"data arrays differ in length: {lengths}")
+    return next(iter(lengths.values()))
+
+
+class History:
+    """What a training run did: one record (a dict) per step.
+
+    Each record holds ``"step"`` (1-based), ``"time"`` (seconds), ``"samples_per_s"``
+    and the value of each fetch by its name.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def append(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        """All steps' values of one field, as an array."""
+        if not self.records or key not in self.records[-1]:
+            raise KeyError(f"no field {key!r}; fields are {sorted(self.records[-1]) if self.records else []}")
+        return np.asarray([r[key] for r in self.records])
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __repr__(self) -> str:
+        if not self.records:
+            return "<History: no steps>"
+        last = self.records[-1]
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in last.items() if isinstance(v, float) and k != "time")
+        return f"<History: {len(self.records)} steps; last: {shown}>"
