@@ -28,10 +28,12 @@ class EventStream:
     1
     """
 
-    __slots__ = ("_listeners",)
+    __slots__ = ("_listeners", "parent", "tags")
 
-    def __init__(self) -> None:
+    def __init__(self, parent: EventStream | None = None, **tags: Any) -> None:
         self._listeners: list[Listener] = []
+        self.parent = parent  # also receives every event, with ``tags`` added
+        self.tags = tags
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(event)`` for every later event; returns a function that unsubscribes."""
@@ -44,12 +46,21 @@ class EventStream:
         return unsubscribe
 
     def emit(self, kind: str, **fields: Any) -> None:
-        """Send one event to every listener."""
-        if not self._listeners:
+        """Send one event to every listener (and to the parent stream's)."""
+        if not self.wanted:
             return
-        event = {"kind": kind, **fields}
+        event = {"kind": kind, **self.tags, **fields}
         for listener in list(self._listeners):
             listener(event)
+        if self.parent is not None and self.parent.wanted:
+            self.parent.emit(kind, **self.tags, **fields)
 
-    def __bool__(self) -> bool:
-        return bool(self._listeners)
+    @property
+    def wanted(self) -> bool:
+        """Whether anybody listens, here or upstream: emitters can skip building costly events."""
+        return bool(self._listeners) or (self.parent is not None and self.parent.wanted)
+
+
+#: Every session's events also reach this stream, tagged with ``session`` (its id).
+#: The notebook layer listens here to show progress for any session.
+ROOT = EventStream()

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError
-from workbench.events import EventStream
+from workbench.events import ROOT, EventStream
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
@@ -58,7 +58,7 @@ class Session:
             raise DeviceError(f"unknown device {device!r}; use 'cpu'")
         self.device = device
         self.xp = np
-        self.events = EventStream()
+        self.events = EventStream(parent=ROOT, session=id(self))
         self._state: dict[str, Any] = {}
         self._plans: dict[tuple, tuple[Plan, list[str]]] = {}
         self._fits = 0
