@@ -1,0 +1,39 @@
+"""The main job (``python -m workbench.demo``) trains both models to the accuracy it promises."""
+
+import pytest
+
+from workbench import demo
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {r["section"]: r for r in demo.main(["--seed", "0"])}
+
+
+def test_mlp_reaches_95_percent_on_held_out_digits(results):
+    mlp = results["mlp"]
+    assert mlp["steps"] == 600
+    assert mlp["test_accuracy"] >= 0.95, mlp
+
+
+def test_cnn_trains_to_90_percent(results):
+    cnn = results["cnn"]
+    assert cnn["steps"] == 600
+    assert cnn["test_accuracy"] >= 0.90, cnn
+    assert cnn["final_loss"] < 0.5, cnn
+
+
+def test_prints_what_it_did(capsys):
+    demo.main(["--sections", "mlp", "--steps", "20"])
+    out = capsys.readouterr().out
+    assert "1347 training and 450 test images" in out
+    assert "mlp: 20 steps of 64" in out
+    for field in ("final loss", "test accuracy", "samples/s", "done in"):
+        assert field in out
+
+
+def test_unknown_section_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        demo.main(["--sections", "mlp,gpu"])
+    assert exc.value.code == 2
+    assert "unknown section(s) gpu" in capsys.readouterr().err
