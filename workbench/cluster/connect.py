@@ -1,0 +1,180 @@
+"""Getting a Dask client: from a Client, a scheduler address, or ``"local"``.
+
+Defaults come from Dask's configuration, so a shared notebook can be pointed at
+another cluster without editing it::
+
+    export DASK_WORKBENCH__CLUSTER__ADDRESS=tls://scheduler.example.org:8786
+
+or ``dask.config.set({"workbench.cluster.address": ...})``. Keys (all optional):
+
+- ``workbench.cluster.address``: ``"local"`` (default) or a scheduler address;
+- ``workbench.cluster.n-workers``: workers of the local cluster (default: the CPU count, or one per GPU);
+- ``workbench.cluster.timeout``: how long to wait for a scheduler (default ``"10s"``);
+- ``workbench.cluster.dashboard-address``: where a local cluster serves its dashboard (default ``":0"``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import dask
+import dask.config
+
+from workbench.errors import ClusterError
+
+BLAS_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+}
+
+
+def config(key: str, default: Any = None) -> Any:
+    """``workbench.cluster.<key>`` from Dask's configuration."""
+    return dask.config.get(f"workbench.cluster.{key}", default=default)
+
+
+def gpu_count() -> int:
+    """CUDA devices visible to this process (0 without CuPy or a GPU)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no GPU"
+        return 0
+
+
+def local_cluster(n_workers: int | None = None, **kwargs):
+    """An embedded cluster on this machine: one process per worker, one thread each, BLAS at one thread.
+
+    With GPUs and dask-cuda installed, a ``LocalCUDACluster`` with one worker per GPU.
+    """
+    gpus = gpu_count()
+    dashboard = kwargs.pop("dashboard_address", config("dashboard-address", ":0"))
+    if gpus:
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            gpus = 0
+        else:
+            n = n_workers or config("n-workers") or gpus
+            return LocalCUDACluster(n_workers=int(n), threads_per_worker=1, dashboard_address=dashboard, **kwargs)
+    from distributed import LocalCluster
+
+    n = n_workers or config("n-workers") or os.cpu_count() or 1
+    env = {**BLAS_ENV, **kwargs.pop("env", {})}
+    # Nanny processes hand ``env`` to each worker before its libraries load.
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **env}}):
+        return LocalCluster(
+            n_workers=int(n),
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=dashboard,
+            **kwargs,
+        )
+
+
+def connect(cluster: Any = None, *, security=None, timeout: str | float | None = None, n_workers: int | None = None):
+    """A ``distributed.Client`` for ``cluster``.
+
+    Parameters
+    ----------
+    cluster : Client, str, or None
+        A client (used as is), a scheduler address (``"tcp://host:8786"``,
+        ``"tls://..."``), ``"local"`` for an embedded cluster, or None for the
+        configured default (``workbench.cluster.address``, default ``"local"``).
+    security : distributed.Security, optional
+        Certificates for ``tls://`` addresses.
+    timeout : seconds or a Dask time string, optional
+        How long to wait for the scheduler before a ClusterError.
+    """
+    from distributed import Client
+
+    if isinstance(cluster, Client):
+        return cluster
+    if cluster is None:
+        cluster = config("address", "local")
+    if hasattr(cluster, "scheduler_address"):  # a cluster object (LocalCluster, KubeCluster, ...)
+        return Client(cluster, set_as_default=False)
+    if not isinstance(cluster, str):
+        raise ClusterError(f"cannot use {cluster!r} as a cluster: pass a distributed.Client, an address or 'local'")
+    if cluster == "local":
+        return Client(local_cluster(n_workers), set_as_default=False)
+    if "://" not in cluster:
+        raise ClusterError(f"cluster address {cluster!r} needs a protocol, e.g. 'tcp://{cluster}'")
+    timeout = timeout if timeout is not None else config("timeout", "10s")
+    seconds = dask.utils.parse_timedelta(timeout, default="seconds")
+    try:
+        return Client(cluster, security=security, timeout=seconds, set_as_default=False)
+    except OSError as e:  # includes TimeoutError and connection refusals
+        raise ClusterError(f"cannot reach the Dask scheduler at {cluster} within {seconds:g} s: {e}") from None
+    except ValueError as e:  # e.g. tls:// without certificates
+        raise ClusterError(f"cannot connect to {cluster}: {e}") from None
+
+
+def info(client) -> dict:
+    """What the cluster holds: workers (address, name, threads, memory, GPUs) and the dashboard link."""
+    scheduler = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) else client.scheduler_info()
+    workers = []
+    for address, w in sorted(scheduler.get("workers", {}).items()):
+        gpu = w.get("gpu") or {}
+        workers.append(
+            {
+                "address": address,
+                "name": str(w.get("name", address)),
+                "threads": int(w.get("nthreads", 0)),
+                "memory": int(w.get("memory_limit", 0) or 0),
+                "gpus": len(gpu.get("name", [])) if isinstance(gpu.get("name"), list) else (1 if gpu else 0),
+            }
+        )
+    return {"scheduler": scheduler.get("address", ""), "dashboard": client.dashboard_link, "workers": workers}
+
+
+def _takes_n_workers(client) -> bool:
+    import inspect
+
+    return "n_workers" in inspect.signature(client.scheduler_info).parameters
+
+
+# -- the default cluster of new sessions ---------------------------------------------------
+
+_default: dict[str, Any] = {"client": None, "owned": False}
+
+
+def set_default(cluster: Any = "local", **kwargs):
+    """Make ``cluster`` the default of sessions created with ``cluster="default"``; returns the client."""
+    close_default()
+    client = connect(cluster, **kwargs)
+    _default.update(client=client, owned=not _is_client(cluster))
+    return client
+
+
+def default_client():
+    """The client set by :func:`set_default`, or None."""
+    return _default["client"]
+
+
+def close_default() -> None:
+    """Close the default client (and the local cluster it started)."""
+    client, owned = _default["client"], _default["owned"]
+    _default.update(client=None, owned=False)
+    if client is not None and owned:
+        close(client)
+
+
+def close(client) -> None:
+    """Close a client and, if it started one, its local cluster."""
+    cluster = getattr(client, "cluster", None)
+    client.close()
+    if cluster is not None:
+        cluster.close()
+
+
+def _is_client(x) -> bool:
+    from distributed import Client
+
+    return isinstance(x, Client)
