@@ -248,7 +248,8 @@ def _getitem_spec(x: TensorSpec, *, index) -> TensorSpec:
     if ("ellipsis",) in items:
         at = items.index(("ellipsis",))
         items[at : at + 1] = [("slice", None, None, None)] * (len(x.shape) - consumed)
-    items += [("slice", None, None, None)] * (len(x.shape) - consumed)
+    else:
+        items += [("slice", None, None, None)] * (len(x.shape) - consumed)
     shape, dim = [], 0
     for item in items:
         if item[0] == "newaxis":
@@ -273,8 +274,31 @@ def getitem_grad(g, x, index, name=None):
 
 def _getitem_grad_kernel(xp, g, x, *, index):
     out = xp.zeros(x.shape, dtype=g.dtype)
+    if ("newaxis",) in index:
+        index, g = _without_newaxes(xp, index, g, x.ndim)
     out[decode_index(index)] = g
     return out
+
+
+def _without_newaxes(xp, index, g, ndim):
+    """The index without ``None`` items and ``g`` without the axes they added
+    (the array API's ``__setitem__`` takes no ``None``)."""
+    consumed = sum(1 for item in index if item[0] in ("int", "slice"))
+    keys, shape, at = [], [], 0
+    for item in index:
+        kind = item[0]
+        if kind == "newaxis":
+            at += 1
+            continue
+        if kind == "slice":
+            shape.append(g.shape[at])
+            at += 1
+        elif kind == "ellipsis":
+            shape.extend(g.shape[at : at + ndim - consumed])
+            at += ndim - consumed
+        keys.append(item)
+    shape.extend(g.shape[at:])
+    return tuple(keys), xp.reshape(g, tuple(shape))
 
 
 defop("getitem", infer=_getitem_spec,
