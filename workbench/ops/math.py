@@ -198,6 +198,12 @@ def _relu_grad(op, g):
     return (where(op.outputs[0] > 0, g, zeros_like(g)),)
 
 
+def _zero_grad(op, g):
+    # The gradient is zero (or cut on purpose): nothing flows back, and unlike a
+    # nondiff op this does not stop second derivatives of rules that use the op.
+    return (None,)
+
+
 defop("negative", infer=_same_spec, elementwise=True,
       kernel=lambda xp, x: -x,
       grad=lambda op, g: (negative(g),))
@@ -224,7 +230,7 @@ defop("abs", infer=_same_spec, elementwise=True,
       grad=lambda op, g: (g * sign(op.inputs[0]),))
 defop("sign", infer=_same_spec, elementwise=True,
       kernel=lambda xp, x: xp.sign(x),
-      nondiff="piecewise constant: its gradient is zero wherever it exists")  # fmt: skip
+      grad=_zero_grad)  # fmt: skip - piecewise constant: zero gradient wherever it exists
 
 # -- where, cast, identity ------------------------------------------------------
 
@@ -288,11 +294,11 @@ def ones_like(x, name=None):
 
 defop("identity", infer=_same_spec, kernel=lambda xp, x: x, grad=lambda op, g: (g,))
 defop("stop_gradient", infer=_same_spec, kernel=lambda xp, x: x,
-      nondiff="stops gradients by definition")
+      grad=_zero_grad)  # stops gradients by definition
 defop("zeros_like", infer=_same_spec, kernel=lambda xp, x: xp.zeros_like(x),
-      nondiff="its output does not depend on the input's values")
+      grad=_zero_grad)  # its output does not depend on the input's values
 defop("ones_like", infer=_same_spec, kernel=lambda xp, x: xp.ones_like(x),
-      nondiff="its output does not depend on the input's values")  # fmt: skip
+      grad=_zero_grad)  # fmt: skip - the output does not depend on the input's values
 
 # -- matmul ---------------------------------------------------------------------
 
