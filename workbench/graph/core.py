@@ -213,12 +213,24 @@ class Graph:
     # -- building -------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
         name = "/".join(self._scopes + [base])
-        if name not in self._by_name:
+        if not self._taken(name):
             return name
         i = 1
-        while f"{name}_{i}" in self._by_name:
+        while self._taken(f"{name}_{i}"):
             i += 1
         return f"{name}_{i}"
+
+    def _taken(self, name: str) -> bool:
+        # alias names (left by passes) stay reserved so that lookups stay unambiguous
+        return name in self._by_name or name in self._aliases
+
+    def _resolve(self, name: str) -> str:
+        """The op name that ``name`` refers to: itself, or the target of an alias (chains followed)."""
+        for _ in range(len(self._aliases) + 1):
+            if name in self._by_name or name not in self._aliases:
+                return name
+            name = self._aliases[name]
+        return name
 
     def add_op(self, op_type: str, inputs, attrs: dict, name: str | None = None, control_inputs=(), source=None):
         """Add an operation after checking it with its op's shape rule; returns the Operation."""
@@ -253,7 +265,7 @@ class Graph:
         if not isinstance(name, str):
             raise GraphError(f"expected a name, got {name!r}")
         base, _, index = name.partition(":")
-        base = self._aliases.get(base, base)
+        base = self._resolve(base)
         op = self._by_name.get(base)
         if op is None:
             raise GraphError(f"graph {self.name!r} has no tensor or operation named {name!r}")
@@ -265,13 +277,13 @@ class Graph:
         return op.outputs[i]
 
     def operation(self, name: str) -> Operation:
-        op = self._by_name.get(self._aliases.get(name, name))
+        op = self._by_name.get(self._resolve(name))
         if op is None:
             raise GraphError(f"graph {self.name!r} has no operation named {name!r}")
         return op
 
     def __contains__(self, name: str) -> bool:
-        return self._aliases.get(name, name) in self._by_name
+        return self._resolve(name) in self._by_name
 
     @property
     def variables(self) -> list[Variable]:

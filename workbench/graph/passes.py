@@ -43,7 +43,8 @@ def rebuild(graph: Graph, keep: Callable[[Operation], bool] = lambda op: True, r
         copy = new.add_op(kind, inputs, attrs, name=op.name, control_inputs=control, source=op.source)
         ops_[op] = copy
         tensors.update(zip(op.outputs, copy.outputs))
-    new._aliases = {a: t for a, t in graph._aliases.items() if t in new._by_name}
+    resolved = {a: graph._resolve(a) for a in graph._aliases}
+    new._aliases = {a: t for a, t in resolved.items() if t in new._by_name}
     return new, tensors
 
 
@@ -157,6 +158,7 @@ def eliminate_common_subexpressions(graph: Graph, max_constant: int = 1024) -> G
         copy = new.add_op(op.type, inputs, op.attrs, name=op.name, control_inputs=control, source=op.source)
         copies[op] = copy
         tensors.update(zip(op.outputs, copy.outputs))
+    new._aliases = {a: new._resolve(a) for a in new._aliases}  # no chains: each alias names a kept op
     return new
 
 
