@@ -62,15 +62,20 @@ class Optimizer:
         grads_and_vars = list(grads_and_vars)
         graph = grads_and_vars[0][1].graph
         scope = graph.unique_name(self.name)
+        raw = [[g.name, v.name] for g, v in grads_and_vars]
         with graph.name_scope(scope):
             if self.clip_norm is not None:
                 grads_and_vars = _clip_by_global_norm(grads_and_vars, self.clip_norm)
             updates = self._apply(grads_and_vars)
-        return group(*updates, name=name or f"{scope}/update")
+        update = group(*updates, name=name or f"{scope}/update")
+        graph.training[update.name] = {"loss": None, "gradients": raw}
+        return update
 
     def minimize(self, loss: Tensor, var_list=None, name: str | None = None) -> Operation:
         """Add gradients and updates for ``loss``; returns the update operation to run."""
-        return self.apply_gradients(self.compute_gradients(loss, var_list), name=name)
+        update = self.apply_gradients(self.compute_gradients(loss, var_list), name=name)
+        update.graph.training[update.name]["loss"] = loss.name
+        return update
 
     def _apply(self, grads_and_vars) -> list:
         raise NotImplementedError

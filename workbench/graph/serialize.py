@@ -41,6 +41,8 @@ def graph_to_json(graph: Graph, indent: int | None = None) -> str:
     doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "operations": operations}
     if graph._aliases:
         doc["aliases"] = dict(graph._aliases)
+    if graph.training:
+        doc["training"] = graph.training
     return json.dumps(doc, indent=indent)
 
 
@@ -82,7 +84,28 @@ def graph_from_json(text: str | bytes) -> Graph:
     if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) and v in graph for k, v in aliases.items()):
         raise FormatError("graph file has invalid \"aliases\"")
     graph._aliases = dict(aliases)
+    graph.training = _training(doc.get("training", {}), graph)
     return graph
+
+
+def _training(value, graph: Graph) -> dict:
+    """Validated optimizer records: every name must be in the graph."""
+    if not isinstance(value, dict):
+        raise FormatError("graph file has invalid \"training\" records")
+    out = {}
+    for update, record in value.items():
+        ok = isinstance(record, dict) and update in graph and isinstance(record.get("gradients"), list)
+        loss = record.get("loss") if ok else None
+        pairs = record.get("gradients") if ok else []
+        ok = ok and (loss is None or (isinstance(loss, str) and loss.partition(":")[0] in graph))
+        ok = ok and all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) and n.partition(":")[0] in graph for n in p)
+            for p in pairs
+        )
+        if not ok:
+            raise FormatError(f"graph file has an invalid \"training\" record for {update!r}")
+        out[update] = {"loss": loss, "gradients": [list(p) for p in pairs]}
+    return out
 
 
 def _add(graph: Graph, record) -> None:
