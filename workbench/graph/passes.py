@@ -33,12 +33,14 @@ def rebuild(graph: Graph, keep: Callable[[Operation], bool] = lambda op: True, r
     for op in graph.operations:
         if not keep(op):
             continue
-        inputs = tuple(tensors[t] for t in op.inputs)
+        inputs = tuple(tensors.get(t) for t in op.inputs)  # None: cut away (the op must be replaced)
         kind, attrs = op.type, op.attrs
         if replace is not None:
             changed = replace(op, inputs)
             if changed is not None:
                 kind, inputs, attrs = changed
+        if None in inputs:
+            raise GraphError(f"op {op.name!r} needs {op.inputs[inputs.index(None)].name!r}, which was removed")
         control = [ops_[c] for c in op.control_inputs if c in ops_]
         copy = new.add_op(kind, inputs, attrs, name=op.name, control_inputs=control, source=op.source)
         ops_[op] = copy
@@ -66,10 +68,25 @@ def needed_ops(graph: Graph, targets: Iterable[Operation], fed: Iterable[str] = 
 
 
 def prune(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Graph:
-    """Only what the named fetches need, stopping at the fed placeholders."""
+    """Only what the named fetches need, stopping at the fed ops.
+
+    A fed op that is not a placeholder (a single-output op whose value is
+    supplied, as distributed training does with gradients) becomes a
+    placeholder of the same name, shape and dtype: the graph is cut there.
+    """
+    fed = {graph.get(name).op.name if ":" in name else graph._resolve(name) for name in fed}
     targets = [_op_of(graph, name) for name in fetches]
     needed = needed_ops(graph, targets, fed)
-    return rebuild(graph, keep=needed.__contains__)[0]
+
+    def cut(op, inputs):
+        if op.name not in fed or op.type == "placeholder":
+            return None
+        if len(op.outputs) != 1:
+            raise GraphError(f"cannot feed {op.name!r}: it has {len(op.outputs)} outputs")
+        spec = op.outputs[0].spec
+        return "placeholder", (), {"shape": spec.shape, "dtype": spec.dtype}
+
+    return rebuild(graph, keep=needed.__contains__, replace=cut)[0]
 
 
 def _foldable(op: Operation) -> bool:
