@@ -89,7 +89,8 @@ def prune(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Grap
     return rebuild(graph, keep=needed.__contains__, replace=cut)[0]
 
 
-def _foldable(op: Operation) -> bool:
+def _foldable(op: Operation, inputs) -> bool:
+    """Whether ``op`` (with ``inputs``, its already folded inputs) can become a constant."""
     opdef = op.opdef
     if opdef.stateful or opdef.random or opdef.kernel is None or op.type == "constant" or len(op.outputs) != 1:
         return False
@@ -98,14 +99,14 @@ def _foldable(op: Operation) -> bool:
         return False
     if op.type in ("zeros_like", "ones_like"):  # the values of the input do not matter
         return True
-    return all(t.op.type == "constant" for t in op.inputs)
+    return all(t.op.type == "constant" for t in inputs)
 
 
 def fold_constants(graph: Graph) -> Graph:
     """Replace ops whose value is known before the graph runs by constants."""
 
     def replace(op, inputs):
-        if not _foldable(op):
+        if not _foldable(op, inputs):
             return None
         spec = op.outputs[0].spec
         if op.type in ("zeros_like", "ones_like"):
