@@ -48,16 +48,16 @@ def gradients(ys, xs, grad_ys=None) -> list[Tensor | None]:
             out_grads = [_total(partials.get(t)) for t in op.outputs]
             if all(g is None for g in out_grads):
                 continue
-            for i, (x, g) in enumerate(zip(op.inputs, _input_grads(op, out_grads, path))):
+            for i, (x, g) in enumerate(zip(op.inputs, _input_grads(op, out_grads, path, wanted))):
                 if g is not None and (x.op in path or x in wanted) and is_float(x.dtype):
                     partials.setdefault(x, []).append(_unbroadcast(op, x, g))
         return [_total(partials.get(x)) for x in xs]
 
 
-def _input_grads(op: Operation, out_grads, path) -> Sequence[Tensor | None]:
+def _input_grads(op: Operation, out_grads, path, wanted) -> Sequence[Tensor | None]:
     opdef = op.opdef
     if opdef.grad is None:
-        needed = [i for i, x in enumerate(op.inputs) if x.op in path and is_float(x.dtype)]
+        needed = [i for i, x in enumerate(op.inputs) if (x.op in path or x in wanted) and is_float(x.dtype)]
         if needed:
             where = f"\n  {op.source}" if op.source else ""
             raise GradientError(
