@@ -149,7 +149,7 @@ def _concat_part_kernel(xp, g, *values, index, axis):
     start = 0
     for v in values[:index]:
         start += v.shape[axis]
-    return g[(slice(None),) * axis + (slice(start, start + values[index].shape[axis]),)]
+    return g[(slice(None),) * axis + (slice(start, start + values[index].shape[axis]), Ellipsis)]
 
 
 defop("concat_part", variadic=True,
@@ -237,6 +237,8 @@ def decode_index(index) -> tuple:
             out.append(None)
         else:
             out.append(Ellipsis)
+    if Ellipsis not in out:
+        out.append(Ellipsis)  # the array API wants every axis indexed; NumPy means the same
     return tuple(out)
 
 

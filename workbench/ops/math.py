@@ -369,6 +369,12 @@ def _reduce_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
     return TensorSpec(rules.reduced_shape(x.shape, axis, keepdims), x.dtype)
 
 
+def _sum_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    if x.dtype == "bool":
+        raise DTypeError("cannot sum a bool tensor; cast it to a number first")
+    return _reduce_spec(x, axis=axis, keepdims=keepdims)
+
+
 def _mean_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
     rules.need_float(x)
     return _reduce_spec(x, axis=axis, keepdims=keepdims)
@@ -382,8 +388,8 @@ def _max_grad(op, g):
     return (is_max * unreduce(g, x, axis=axis, keepdims=keepdims) / ties,)
 
 
-defop("sum", infer=_reduce_spec,
-      kernel=lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims),
+defop("sum", infer=_sum_spec,  # dtype=: small ints would otherwise sum to int64
+      kernel=lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype),
       grad=lambda op, g: (unreduce(g, op.inputs[0], **op.attrs),))
 defop("mean", infer=_mean_spec,
       kernel=lambda xp, x, *, axis, keepdims: xp.mean(x, axis=axis, keepdims=keepdims),

@@ -220,7 +220,7 @@ def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
     n = g.shape[0]
     cols = xp.matmul(xp.reshape(w, (o, -1)).mT, xp.reshape(g, (n, o, -1)))  # (N, C*kh*kw, Ho*Wo)
     cols = xp.reshape(cols, (n, c, kh * kw) + g.shape[2:])
-    parts = [cols[:, :, p] for p in range(kh * kw)]
+    parts = [cols[:, :, p, ...] for p in range(kh * kw)]
     return _unwindow(xp, parts, x.shape, (kh, kw), stride, padding)
 
 

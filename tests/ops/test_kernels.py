@@ -1,0 +1,382 @@
+"""Forward kernels against plain NumPy references, and against the array API standard.
+
+``KERNEL_CASES`` maps every op with a kernel to sample inputs, the op's static
+attributes (as its op function records them) and a reference written with plain
+NumPy (naive loops for convolution and pooling). Each case also runs with
+``array_api_strict`` as the namespace, which rejects anything outside the standard.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable, NamedTuple
+
+import array_api_strict as xps
+import numpy as np
+import pytest
+
+from workbench.ops.array import encode_index
+from workbench.ops.registry import REGISTRY, TensorSpec
+
+
+class KCase(NamedTuple):
+    inputs: tuple
+    attrs: dict
+    reference: Callable  # inputs -> expected output (a tuple for several outputs)
+
+
+def K(inputs, reference, **attrs):
+    return KCase(tuple(inputs), attrs, reference)
+
+
+RNG = np.random.default_rng(0)
+
+
+def normal(*shape, dtype=np.float64):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def positive(*shape):
+    return RNG.uniform(0.5, 2.0, shape)
+
+
+def ints(*values, dtype=np.int64):
+    return np.array(values, dtype=dtype)
+
+
+# -- naive references -------------------------------------------------------------------
+
+
+def pads(size, k, stride, padding):
+    """(before, after, out) as TensorFlow pads: the extra row or column goes last."""
+    if padding == "valid":
+        return 0, 0, (size - k) // stride + 1
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    return total // 2, total - total // 2, out
+
+
+def padded(x, kernel, stride, padding, fill=0.0):
+    (t, b, ho), (left, right, wo) = (pads(x.shape[2 + i], kernel[i], stride[i], padding) for i in (0, 1))
+    out = np.full(x.shape[:2] + (x.shape[2] + t + b, x.shape[3] + left + right), fill)
+    out[:, :, t : t + x.shape[2], left : left + x.shape[3]] = x
+    return out, (t, left), ho, wo
+
+
+def window(a, i, j, kernel, stride):
+    return a[..., i * stride[0] : i * stride[0] + kernel[0], j * stride[1] : j * stride[1] + kernel[1]]
+
+
+def naive_conv(x, w, stride, padding):
+    xpad, _, ho, wo = padded(x, w.shape[2:], stride, padding)
+    out = np.zeros((x.shape[0], w.shape[0], ho, wo))
+    for n, o, i, j in itertools.product(range(x.shape[0]), range(w.shape[0]), range(ho), range(wo)):
+        out[n, o, i, j] = np.sum(window(xpad[n], i, j, w.shape[2:], stride) * w[o])
+    return out
+
+
+def naive_conv_input_grad(g, x, w, stride, padding):
+    dpad, (t, left), ho, wo = padded(np.zeros_like(x), w.shape[2:], stride, padding)
+    for n, o, i, j in itertools.product(range(g.shape[0]), range(w.shape[0]), range(ho), range(wo)):
+        window(dpad[n], i, j, w.shape[2:], stride)[...] += g[n, o, i, j] * w[o]
+    return dpad[:, :, t : t + x.shape[2], left : left + x.shape[3]]
+
+
+def naive_conv_filter_grad(x, g, w, stride, padding):
+    xpad, _, ho, wo = padded(x, w.shape[2:], stride, padding)
+    dw = np.zeros_like(w)
+    for n, o, i, j in itertools.product(range(x.shape[0]), range(w.shape[0]), range(ho), range(wo)):
+        dw[o] += g[n, o, i, j] * window(xpad[n], i, j, w.shape[2:], stride)
+    return dw
+
+
+def naive_pool(x, size, stride, padding):
+    xpad, _, ho, wo = padded(x, size, stride, padding, fill=-np.inf)
+    out = np.zeros(x.shape[:2] + (ho, wo))
+    for i, j in itertools.product(range(ho), range(wo)):
+        out[:, :, i, j] = window(xpad, i, j, size, stride).max(axis=(2, 3))
+    return out
+
+
+def naive_pool_grad(g, x, size, stride, padding):
+    xpad, (t, left), ho, wo = padded(x, size, stride, padding, fill=-np.inf)
+    dpad = np.zeros_like(xpad)
+    for n, c, i, j in itertools.product(range(x.shape[0]), range(x.shape[1]), range(ho), range(wo)):
+        win = window(xpad[n, c], i, j, size, stride)
+        r, s = np.unravel_index(np.argmax(win), win.shape)  # the first maximum takes the gradient
+        dpad[n, c, i * stride[0] + r, j * stride[1] + s] += g[n, c, i, j]
+    return dpad[:, :, t : t + x.shape[2], left : left + x.shape[3]]
+
+
+def naive_log_softmax(x, axis=-1):
+    def row(v):
+        m = np.max(v)
+        return v - m - np.log(np.sum(np.exp(v - m)))
+
+    return np.apply_along_axis(row, axis, x)
+
+
+def sce_reference(logits, labels):
+    logp = naive_log_softmax(logits)
+    loss = -np.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    return loss, np.exp(logp)
+
+
+def gather_grad_reference(g, params, indices, axis):
+    axis %= params.ndim
+    out = np.zeros_like(params)
+    for pos in np.ndindex(indices.shape):
+        lead = (slice(None),) * axis
+        out[lead + (indices[pos],)] += g[lead + pos]
+    return out
+
+
+def dropout_reference(x, rate):
+    kept = np.random.default_rng(7).random(x.shape) < 1 - rate
+    mask = kept / (1 - rate)
+    return x * mask, mask
+
+
+def stable_sigmoid(x):
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def getitem_grad_reference(g, x, index):
+    out = np.zeros_like(x)
+    out[index] = g
+    return out
+
+
+def getitem_cases():
+    x = normal(3, 4, 5)
+    index_list = [(slice(1, None), slice(None, None, 2)), (Ellipsis, 1), (None, 0, slice(None), slice(None, None, -1)),
+                  (slice(None), None, slice(1, 3)), -1, (1, Ellipsis, None), (slice(-2, None), 2, slice(4, 0, -2))]
+    get = [K([x], lambda x, i=i: x[i], index=encode_index(i)) for i in index_list]
+    put = [K([normal(*x[i].shape), x], lambda g, x, i=i: getitem_grad_reference(g, x, i), index=encode_index(i))
+           for i in index_list]
+    return get, put
+
+
+GETITEM, GETITEM_GRAD = getitem_cases()
+X34, Y34 = normal(3, 4), normal(3, 4)
+Y34[0] = X34[0]  # ties for the comparisons
+CONV_GEOMETRY = [((5, 5), (3, 3), (1, 1), "valid"), ((5, 7), (3, 3), (2, 2), "same"), ((6, 5), (3, 2), (2, 2), "valid"),
+                 ((4, 4), (2, 2), (1, 1), "same"), ((5, 5), (3, 2), (2, 1), "same")]
+POOL_GEOMETRY = [((2, 2), (2, 2), "valid"), ((3, 3), (2, 2), "same"), ((2, 2), (1, 1), "valid"),
+                 ((2, 2), (2, 2), "same"), ((2, 3), (1, 2), "valid")]
+
+
+def conv_cases(kind):
+    cases = []
+    for (h, w), k, s, p in CONV_GEOMETRY:
+        x, f = normal(2, 2, h, w), normal(3, 2, *k)
+        g = normal(2, 3, pads(h, k[0], s[0], p)[2], pads(w, k[1], s[1], p)[2])
+        if kind == "conv2d":
+            cases.append(K([x, f], lambda x, f, s=s, p=p: naive_conv(x, f, s, p), stride=s, padding=p))
+        elif kind == "input":
+            cases.append(K([g, x, f], lambda g, x, f, s=s, p=p: naive_conv_input_grad(g, x, f, s, p), stride=s, padding=p))
+        else:
+            cases.append(K([x, g, f], lambda x, g, f, s=s, p=p: naive_conv_filter_grad(x, g, f, s, p), stride=s, padding=p))
+    return cases
+
+
+def pool_cases(grad):
+    cases = []
+    for k, s, p in POOL_GEOMETRY:
+        x = normal(2, 2, 5, 6)
+        x[0, 0, :2, :2] = 1.5  # a tie inside a window: the first maximum wins
+        if grad:
+            g = normal(2, 2, pads(5, k[0], s[0], p)[2], pads(6, k[1], s[1], p)[2])
+            cases.append(K([g, x], lambda g, x, k=k, s=s, p=p: naive_pool_grad(g, x, k, s, p), size=k, stride=s, padding=p))
+        else:
+            cases.append(K([x], lambda x, k=k, s=s, p=p: naive_pool(x, k, s, p), size=k, stride=s, padding=p))
+    return cases
+
+
+FUSED_PROGRAM = (  # (x * y + exp(x)) * 2, the steps numbered after the two inputs
+    ("multiply", (0, 1), (), "float64"),
+    ("exp", (0,), (), "float64"),
+    ("add", (2, 3), (), "float64"),
+    ("constant", (), (("value", 2.0),), "float64"),
+    ("multiply", (4, 5), (), "float64"),
+)
+
+
+def reduce_cases(fn, values):
+    return [K([values], lambda x, a=a, k=k: fn(x, axis=a, keepdims=k), axis=a, keepdims=k)
+            for a, k in [(None, False), (1, False), ((0, 2), False), (-1, True), (None, True)]]
+
+
+# -- the table: every op with a kernel ------------------------------------------------
+
+KERNEL_CASES: dict[str, list[KCase]] = {
+    "add": [K([normal(3, 4), normal(4)], np.add), K([normal(3, 1), normal(1, 5)], np.add)],
+    "subtract": [K([normal(3, 4), normal(4)], np.subtract), K([ints(1, 2), ints(5, 7)], np.subtract)],
+    "multiply": [K([normal(3, 1), normal(1, 5)], np.multiply), K([normal(2, 3, dtype=np.float32)] * 2, np.multiply)],
+    "divide": [K([normal(3, 4), positive(4)], np.divide)],
+    "pow": [K([positive(3, 4), normal(3, 4)], np.power), K([positive(3, 4), normal(4)], np.power)],
+    "maximum": [K([X34, Y34], np.maximum), K([X34, normal(4)], np.maximum)],
+    "minimum": [K([X34, Y34], np.minimum), K([X34, normal(3, 1)], np.minimum)],
+    "less": [K([X34, Y34], np.less), K([ints(1, 2, 3), ints(2, 2, 2)], np.less)],
+    "less_equal": [K([X34, Y34], np.less_equal), K([ints(1, 2, 3), ints(2, 2, 2)], np.less_equal)],
+    "greater": [K([X34, Y34], np.greater), K([X34, normal(4)], np.greater)],
+    "greater_equal": [K([X34, Y34], np.greater_equal), K([ints(1, 2, 3), ints(2, 2, 2)], np.greater_equal)],
+    "equal": [K([X34, Y34], np.equal), K([ints(1, 2, 3), ints(2, 2, 2)], np.equal)],
+    "not_equal": [K([X34, Y34], np.not_equal), K([ints(1, 2, 3), ints(2, 2, 2)], np.not_equal)],
+    "negative": [K([normal(3, 4)], np.negative), K([ints(1, -2)], np.negative)],
+    "exp": [K([normal(3, 4)], np.exp), K([normal(3, 4, dtype=np.float32)], np.exp)],
+    "log": [K([positive(3, 4)], np.log)],
+    "sqrt": [K([positive(3, 4)], np.sqrt)],
+    "tanh": [K([normal(3, 4)], np.tanh)],
+    "sigmoid": [K([normal(3, 4) * 3], stable_sigmoid), K([np.array([-1000.0, -30.0, 0.0, 30.0, 1000.0])], stable_sigmoid)],
+    "relu": [K([normal(3, 4)], lambda x: np.where(x > 0, x, 0.0)),
+             K([normal(3, 4, dtype=np.float32)], lambda x: np.where(x > 0, x, np.float32(0)))],
+    "abs": [K([normal(3, 4)], np.abs), K([ints(-3, 0, 2)], np.abs)],
+    "sign": [K([np.array([-2.0, 0.0, 3.0])], np.sign)],
+    "where": [K([RNG.random((3, 4)) < 0.5, normal(3, 4), normal(4)], np.where),
+              K([RNG.random((3, 1)) < 0.5, normal(1, 4), normal(3, 4)], np.where)],
+    "cast": [K([normal(3, 4)], lambda x: x.astype(np.float32), dtype="float32"),
+             K([normal(3, 4, dtype=np.float32)], lambda x: x.astype(np.float64), dtype="float64"),
+             K([normal(3, 4) * 5], lambda x: x.astype(np.int32), dtype="int32"),
+             K([RNG.random(5) < 0.5], lambda x: x.astype(np.float32), dtype="float32"),
+             K([ints(0, 2, -1)], lambda x: x.astype(bool), dtype="bool")],
+    "identity": [K([normal(3, 4)], lambda x: x)],
+    "stop_gradient": [K([normal(3, 4)], lambda x: x)],
+    "zeros_like": [K([normal(3, 4)], np.zeros_like), K([ints(1, 2)], np.zeros_like)],
+    "ones_like": [K([normal(3, 4, dtype=np.float32)], np.ones_like)],
+    "matmul": [K([normal(3, 4), normal(4, 2)], np.matmul, transpose_a=False, transpose_b=False),
+               K([normal(4, 3), normal(4, 2)], lambda a, b: a.T @ b, transpose_a=True, transpose_b=False),
+               K([normal(3, 4), normal(2, 4)], lambda a, b: a @ b.T, transpose_a=False, transpose_b=True),
+               K([normal(4, 3), normal(2, 4)], lambda a, b: a.T @ b.T, transpose_a=True, transpose_b=True),
+               K([normal(2, 1, 3, 4), normal(3, 4, 2)], np.matmul, transpose_a=False, transpose_b=False),
+               K([normal(1, 4, 3), normal(2, 2, 4)], lambda a, b: np.swapaxes(a, -1, -2) @ np.swapaxes(b, -1, -2),
+                 transpose_a=True, transpose_b=True)],
+    "sum": reduce_cases(np.sum, normal(2, 3, 4)) + [K([ints(1, 2, 3, dtype=np.int32)], lambda x: np.int32(6), axis=None,
+                                                      keepdims=False)],
+    "mean": reduce_cases(np.mean, normal(2, 3, 4)),
+    "max": reduce_cases(np.max, normal(2, 3, 4)) + [K([ints(4, 9, 2)], lambda x: np.int64(9), axis=0, keepdims=False)],
+    "unreduce": [K([normal(2, 4), normal(2, 3, 4)], lambda g, x: np.broadcast_to(g[:, None, :], x.shape),
+                   axis=1, keepdims=False, mean=False),
+                 K([normal(), normal(2, 3)], lambda g, x: np.full(x.shape, g / 6), axis=None, keepdims=False, mean=True),
+                 K([normal(1, 3, 1), normal(2, 3, 4)], lambda g, x: np.broadcast_to(g, x.shape) / 8,
+                   axis=(0, 2), keepdims=True, mean=True)],
+    "reduce_to_like": [K([normal(2, 3, 4), normal(3, 1)], lambda g, x: g.sum(axis=0).sum(axis=1)[:, None]),
+                       K([normal(3, 4), normal(3, 4)], lambda g, x: g),
+                       K([normal(2, 3, 4), normal(1, 1, 4)], lambda g, x: g.sum(axis=(0, 1))[None, None])],
+    "broadcast_like": [K([normal(4), normal(3, 4)], lambda a, b: np.tile(a, (3, 1))),
+                       K([normal(3, 1), normal(2, 3, 5)], lambda a, b: np.tile(a, (2, 1, 5)))],
+    "softmax": [K([normal(3, 4) * 500], lambda x: np.exp(naive_log_softmax(x)), axis=-1),
+                K([normal(3, 4)], lambda x: np.exp(naive_log_softmax(x, 0)), axis=0)],
+    "log_softmax": [K([normal(3, 4) * 500], naive_log_softmax, axis=-1),
+                    K([normal(2, 3, 4)], lambda x: naive_log_softmax(x, 1), axis=1)],
+    "softmax_cross_entropy": [K([normal(4, 5) * 300, ints(0, 4, 2, 2)], sce_reference),
+                              K([normal(2, 3, 4), ints([0, 1, 3], [3, 3, 2], dtype=np.int32)], sce_reference)],
+    "softmax_cross_entropy_grad": [
+        K([np.exp(naive_log_softmax(normal(4, 5))), ints(0, 4, 2, 2), normal(4)],
+          lambda p, y, g: (p - np.eye(5)[y]) * g[:, None])],
+    "reshape": [K([normal(2, 6)], lambda x: x.reshape(3, 4), shape=(3, -1)), K([normal(4, 3)], np.ravel, shape=(12,))],
+    "reshape_like": [K([normal(2, 6), normal(3, 4)], lambda x, like: x.reshape(3, 4))],
+    "transpose": [K([normal(3, 4)], np.transpose, perm=None),
+                  K([normal(2, 3, 4)], lambda x: np.transpose(x, (1, 2, 0)), perm=(1, 2, 0))],
+    "expand_dims": [K([normal(3, 4)], lambda x: x[None], axis=0), K([normal(3, 4)], lambda x: x[..., None], axis=-1)],
+    "concat": [K([normal(2, 3), normal(1, 3), normal(3, 3)], lambda *xs: np.concatenate(xs), axis=0),
+               K([normal(2, 3), normal(2, 1)], lambda *xs: np.concatenate(xs, axis=-1), axis=-1)],
+    "concat_part": [K([normal(6, 3), normal(2, 3), normal(1, 3), normal(3, 3)], lambda g, *xs: g[2:3], index=1, axis=0),
+                    K([normal(2, 4), normal(2, 3), normal(2, 1)], lambda g, *xs: g[:, 3:], index=1, axis=1)],
+    "stack": [K([normal(2, 3), normal(2, 3)], lambda *xs: np.stack(xs), axis=0),
+              K([normal(2, 3)] * 3, lambda *xs: np.stack(xs, axis=-1), axis=-1)],
+    "getitem": GETITEM,
+    "getitem_grad": GETITEM_GRAD,
+    "gather": [K([normal(5, 3), ints(0, 2, 2, 4)], lambda p, i: p[i], axis=0),
+               K([normal(2, 3, 4), ints([0, 1], [2, 2])], lambda p, i: np.take(p, i, axis=1), axis=1),
+               K([normal(2, 3), ints(2, 0, dtype=np.int32)], lambda p, i: p[:, i], axis=-1)],
+    "gather_grad": [K([normal(4, 3, 2), normal(5, 3, 2), ints(0, 2, 2, 4)], lambda *a: gather_grad_reference(*a, 0), axis=0),
+                    K([normal(2, 2, 2, 4), normal(2, 3, 4), ints([0, 1], [1, 1])],
+                      lambda *a: gather_grad_reference(*a, 1), axis=1),
+                    K([normal(2, 3), normal(2, 4), ints(3, 3, 0, dtype=np.int32)],
+                      lambda *a: gather_grad_reference(*a, -1), axis=-1)],
+    "one_hot": [K([ints(0, 3, 1)], lambda i: np.eye(4, dtype=np.float32)[i], depth=4, dtype="float32"),
+                K([ints([0, 1], [2, 2], dtype=np.int32)], lambda i: np.eye(3)[i], depth=3, dtype="float64")],
+    "conv2d": conv_cases("conv2d"),
+    "conv2d_input_grad": conv_cases("input"),
+    "conv2d_filter_grad": conv_cases("filter"),
+    "max_pool2d": pool_cases(grad=False),
+    "max_pool2d_grad": pool_cases(grad=True),
+    "dropout": [K([normal(4, 5)], lambda x: dropout_reference(x, 0.5), rate=0.5, seed=None),
+                K([normal(3, 3, dtype=np.float32)], lambda x: dropout_reference(x, 0.25), rate=0.25, seed=3)],
+    "constant": [K([], lambda: np.arange(6.0).reshape(2, 3), value=np.arange(6.0).reshape(2, 3))],
+    "fused_elementwise": [K([normal(3, 4), normal(4)], lambda x, y: (x * y + np.exp(x)) * 2.0, program=FUSED_PROGRAM)],
+    "assign": [K([normal(3, 4), normal(3, 4)], lambda cur, v: v), K([normal(3, 4), normal(4)], lambda cur, v: np.tile(v, (3, 1)))],
+    "assign_add": [K([normal(3, 4), normal(3, 4)], np.add), K([normal(3, 4), normal(4)], np.add)],
+    "assign_sub": [K([normal(3, 4), normal(3, 4)], np.subtract)],
+}  # fmt: skip
+
+CASES = [(name, i, case) for name, cases in KERNEL_CASES.items() for i, case in enumerate(cases)]
+IDS = [f"{name}-{i}" for name, i, _ in CASES]
+
+
+def run_kernel(xp, name, case):
+    """The op's outputs as a tuple, computed with namespace ``xp``."""
+    opdef = REGISTRY[name]
+    attrs = dict(case.attrs)
+    if opdef.random:
+        attrs["rng"] = np.random.default_rng(7)
+    inputs = [xp.asarray(a) for a in case.inputs]
+    out = opdef.kernel(xp, *inputs, **attrs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def expected_outputs(case):
+    out = case.reference(*case.inputs)
+    return tuple(np.asarray(o) for o in (out if isinstance(out, tuple) else (out,)))
+
+
+def output_specs(name, case):
+    specs = REGISTRY[name].infer(*(TensorSpec(a.shape, a.dtype.name) for a in case.inputs), **case.attrs)
+    return (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
+
+
+# -- the tests ------------------------------------------------------------------------
+
+
+def test_every_op_with_a_kernel_has_a_case():
+    with_kernel = {name for name, opdef in REGISTRY.items() if opdef.kernel is not None}
+    assert sorted(with_kernel - set(KERNEL_CASES)) == []
+    assert sorted(set(KERNEL_CASES) - with_kernel) == []
+
+
+@pytest.mark.parametrize("name, i, case", CASES, ids=IDS)
+def test_kernel_matches_numpy_reference(name, i, case):
+    got = run_kernel(np, name, case)
+    expected = expected_outputs(case)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-6 if g.dtype == np.float32 else 1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name, i, case", CASES, ids=IDS)
+def test_kernel_output_agrees_with_the_shape_rule(name, i, case):
+    got = run_kernel(np, name, case)
+    specs = output_specs(name, case)
+    assert [(g.shape, g.dtype.name) for g in got] == [(tuple(s.shape), s.dtype) for s in specs]
+
+
+@pytest.mark.parametrize("name, i, case", CASES, ids=IDS)
+def test_kernel_keeps_to_the_array_api(name, i, case):
+    got = run_kernel(xps, name, case)
+    expected = run_kernel(np, name, case)
+    for g, e in zip(got, expected):
+        assert not isinstance(g, np.ndarray), "the kernel left the namespace it was given"
+        g = np.asarray(g)
+        assert (g.shape, g.dtype) == (e.shape, e.dtype)
+        np.testing.assert_allclose(g, e, rtol=1e-6 if e.dtype == np.float32 else 1e-12, atol=1e-12)
+
+
+def test_gather_grad_adds_repeated_indices_on_both_paths():
+    g, params, idx = np.ones((4, 2)), np.zeros((3, 2)), ints(2, 0, 2, 2)
+    kernel = REGISTRY["gather_grad"].kernel
+    expected = [[1.0, 1.0], [0.0, 0.0], [3.0, 3.0]]
+    np.testing.assert_array_equal(kernel(np, g, params, idx, axis=0), expected)
+    via_matmul = kernel(xps, xps.asarray(g), xps.asarray(params), xps.asarray(idx), axis=0)
+    np.testing.assert_array_equal(np.asarray(via_matmul), expected)
