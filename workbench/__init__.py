@@ -9,7 +9,7 @@
 [1.0]
 """
 
-from workbench import optimizers
+from workbench import cluster, optimizers
 from workbench.errors import (
     ClusterError,
     DeviceError,

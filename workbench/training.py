@@ -9,23 +9,26 @@ import numpy as np
 from workbench.errors import FeedError
 
 
-def batch_indices(num_examples: int, batch_size: int, steps: int, seed) -> Iterator[np.ndarray]:
+def batch_indices(num_examples: int, batch_size: int, steps: int, seed, start: int = 0) -> Iterator[np.ndarray]:
     """Indices of each step's batch: shuffled epochs drawn from ``seed``, last partial batch dropped.
 
     The same arguments give the same batches on any machine and any number of
-    workers, which is what makes local and distributed training agree.
+    workers, which is what makes local and distributed training agree. Each
+    epoch's order comes from its own generator, so a run can resume at step
+    ``start`` without replaying the ones before it.
     """
     if batch_size < 1:
         raise FeedError(f"batch_size must be positive, got {batch_size}")
     if num_examples < batch_size:
         raise FeedError(f"batch_size {batch_size} is larger than the data ({num_examples} examples)")
-    rng = np.random.default_rng([*np.atleast_1d(seed).tolist(), 0x5EED])
     per_epoch = num_examples // batch_size
-    order = None
-    for step in range(steps):
+    seed = [int(s) for s in np.atleast_1d(seed)]
+    epoch, order = -1, None
+    for step in range(start, steps):
+        if step // per_epoch != epoch:
+            epoch = step // per_epoch
+            order = np.random.default_rng([*seed, 0x5EED, epoch]).permutation(num_examples)
         k = step % per_epoch
-        if k == 0:
-            order = rng.permutation(num_examples)
         yield np.sort(order[k * batch_size : (k + 1) * batch_size])
 
 

@@ -1,5 +1,7 @@
 """Running graphs on a Dask cluster: connecting, lowering to task graphs, data-parallel training."""
 
 from workbench.cluster.connect import close, close_default, connect, default_client, info, local_cluster, set_default
+from workbench.cluster.lower import Lowered, lower
+from workbench.cluster.program import TrainingProgram
 
-__all__ = ["close", "close_default", "connect", "default_client", "info", "local_cluster", "set_default"]
+__all__ = ["Lowered", "TrainingProgram", "lower", "close", "close_default", "connect", "default_client", "info", "local_cluster", "set_default"]

@@ -1,0 +1,189 @@
+"""Lowering a training step to a Dask task graph, partitioned rather than exploded.
+
+Each step of data-parallel synchronous SGD becomes ``2R + 1`` tasks whatever
+the number of ops: ``R`` replica tasks (forward and backward pass of one shard
+each), ``R - 1`` pairwise reductions in a fixed tree order (so the sum never
+depends on timing or worker count), one update task (the optimizer) and one
+small metrics task for the client. Keys read like the model::
+
+    ("mlp-step-12-grad-r0", token)   ("mlp-step-12-reduce-1-0", token)
+    ("mlp-step-12-update", token)    ("mlp-step-12-metrics", token)
+
+``token`` keeps concurrent runs apart; the Dask dashboard groups by the first part.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from dask.task_spec import DataNode, Task, TaskRef
+
+from workbench.cluster.program import (
+    TrainingProgram,
+    apply_update,
+    initial_state,
+    reduce_pair,
+    replica_gradients,
+    step_metrics,
+)
+from workbench.errors import ClusterError
+from workbench.graph.core import Graph
+from workbench.ops.state import initial_value
+from workbench.training import batch_indices, check_data
+
+
+def shards(index: np.ndarray, replicas: int) -> list[np.ndarray]:
+    """Split one global batch into ``replicas`` contiguous shards of near-equal size."""
+    if replicas < 1:
+        raise ClusterError(f"replicas must be at least 1, got {replicas}")
+    if len(index) < replicas:
+        raise ClusterError(f"a batch of {len(index)} examples cannot be split across {replicas} replicas")
+    return np.array_split(index, replicas)
+
+
+def step_keys(name: str, step: int, replicas: int, token: str) -> dict[str, Any]:
+    """The keys of one step's tasks."""
+    base = f"{name}-step-{step}"
+    return {
+        "grads": [(f"{base}-grad-r{i}", token) for i in range(replicas)],
+        "update": (f"{base}-update", token),
+        "metrics": (f"{base}-metrics", token),
+        "base": base,
+    }
+
+
+def step_tasks(
+    program: Any,
+    state: Any,
+    data: dict,
+    index: np.ndarray,
+    replicas: int,
+    name: str,
+    step: int,
+    token: str,
+) -> tuple[dict, dict]:
+    """The tasks of one synchronous step.
+
+    ``data`` holds one source per placeholder of the program's feeds, in order.
+    ``program``, ``state`` and the data sources may be literal values,
+    ``TaskRef``s or Futures; the returned dict maps keys to ``Task``s. The
+    shard weights make the reduced gradient the gradient of the global batch's
+    mean loss: exact when the loss is a mean over the batch, plus terms that do
+    not depend on it (the usual case).
+    """
+    keys = step_keys(name, step, replicas, token)
+    tasks: dict = {}
+    parts = shards(index, replicas)
+    total = len(index)
+    level = []
+    for i, (key, part) in enumerate(zip(keys["grads"], parts)):
+        tasks[key] = Task(key, replica_gradients, program, state, part, len(part) / total, *data)
+        level.append(TaskRef(key))
+    depth = 0
+    while len(level) > 1:  # fixed pairwise tree: (r0 + r1) + (r2 + r3) ...
+        depth += 1
+        nxt = []
+        for j in range(0, len(level) - 1, 2):
+            key = (f"{keys['base']}-reduce-{depth}-{j // 2}", token)
+            tasks[key] = Task(key, reduce_pair, level[j], level[j + 1])
+            nxt.append(TaskRef(key))
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    root = level[0]
+    tasks[keys["update"]] = Task(keys["update"], apply_update, program, state, root)
+    tasks[keys["metrics"]] = Task(keys["metrics"], step_metrics, root, TaskRef(keys["update"]))
+    return tasks, keys
+
+
+@dataclass
+class Lowered:
+    """A lowered training run: ``dsk`` is a plain Dask graph (``key -> Task``).
+
+    Compute it with any Dask scheduler, e.g. ``dask.get(lowered.dsk, [lowered.state_key])``
+    or ``client.get(lowered.dsk, lowered.metric_keys)``.
+    """
+
+    dsk: dict
+    state_key: Any
+    metric_keys: list
+    tasks_per_step: int
+    program: TrainingProgram
+
+    def __len__(self) -> int:
+        return len(self.dsk)
+
+
+def lower(
+    graph: Graph,
+    train,
+    data: dict,
+    batch_size: int,
+    replicas: int = 1,
+    steps: int = 1,
+    fetches=(),
+    variables: dict | None = None,
+    seed: int = 0,
+    batch_seed=None,
+) -> Lowered:
+    """Lower ``steps`` of synchronous data-parallel training to a Dask task graph.
+
+    Parameters
+    ----------
+    graph, train : the graph and its optimizer update operation.
+    data : dict of placeholder name (or tensor) to NumPy array.
+    batch_size : the global batch, split across ``replicas``.
+    fetches : tensors each replica computes (their weighted sum is in the metrics).
+    variables : starting values (default: the graph's initializers with ``seed``).
+    batch_seed : what seeds the batch order (default ``seed``).
+
+    Examples
+    --------
+    >>> import dask, numpy as np, workbench as wb
+    >>> g = wb.Graph(name="lin")
+    >>> with g.as_default():
+    ...     x = wb.placeholder("x", shape=(None, 2))
+    ...     w = wb.variable("w", shape=(2,), init="zeros")
+    ...     loss = wb.mean((wb.sum(x * w, axis=1) - 1.0) ** 2)
+    ...     train = wb.optimizers.SGD(0.1).minimize(loss)
+    >>> low = wb.cluster.lower(g, train, {"x": np.ones((8, 2))}, batch_size=4, replicas=2, steps=3)
+    >>> low.tasks_per_step
+    5
+    >>> state = dask.get(low.dsk, [low.state_key])[0]
+    >>> state["step"], state["variables"]["w"].round(3).tolist()
+    (3, [0.392, 0.392])
+    """
+    program = TrainingProgram.from_graph(graph, train, _names(fetches), seed=seed)
+    arrays = {_name(k): np.asarray(v) for k, v in data.items()}
+    missing = set(program.feeds) - set(arrays)
+    if missing:
+        raise ClusterError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
+    n = check_data(arrays)
+    if variables is None:
+        variables = {v: initial_value(v, graph.operation(v).attrs, seed) for v in program.state_variables}
+    name, token = graph.name, uuid.uuid4().hex[:8]
+    dsk: dict = {("program", token): DataNode(("program", token), program)}
+    for key in arrays:
+        dsk[("data", key, token)] = DataNode(("data", key, token), arrays[key])
+    dsk[("state-0", token)] = DataNode(("state-0", token), initial_state(variables))
+    data_refs = [TaskRef(("data", key, token)) for key in program.feeds]
+    state = TaskRef(("state-0", token))
+    metrics, per_step = [], 0
+    for step, index in enumerate(batch_indices(n, batch_size, steps, seed if batch_seed is None else batch_seed), 1):
+        tasks, keys = step_tasks(TaskRef(("program", token)), state, data_refs, index, replicas, name, step, token)
+        dsk.update(tasks)
+        per_step = len(tasks)
+        state = TaskRef(keys["update"])
+        metrics.append(keys["metrics"])
+    return Lowered(dsk, state.key, metrics, per_step, program)
+
+
+def _name(key) -> str:
+    return key if isinstance(key, str) else key.name
+
+
+def _names(fetches) -> list[str]:
+    return [_name(f) for f in (fetches or ())]
