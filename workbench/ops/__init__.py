@@ -62,6 +62,7 @@ from workbench.ops.nn import (
     softmax_cross_entropy,
 )
 from workbench.ops.registry import REGISTRY, OpDef, TensorSpec, apply, get_op
+from workbench.ops import fused as _fused  # noqa: E402, F401 - registers fused_elementwise
 from workbench.ops.state import assign, assign_add, assign_sub, constant, placeholder, variable
 
 #: The op functions users call (``wb.matmul`` ...), by name.

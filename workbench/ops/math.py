@@ -328,7 +328,7 @@ def _matmul_spec(a: TensorSpec, b: TensorSpec, *, transpose_a: bool, transpose_b
 
 
 def _matmul_kernel(xp, a, b, *, transpose_a, transpose_b):
-    return xp.matmul(a.mT if transpose_a else a, b.mT if transpose_b else b)
+    return xp.matmul(xp.matrix_transpose(a) if transpose_a else a, xp.matrix_transpose(b) if transpose_b else b)
 
 
 def _matmul_grad(op, g):

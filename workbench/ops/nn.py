@@ -218,7 +218,7 @@ def _conv_kernel(xp, x, w, *, stride, padding):
 def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
     o, c, kh, kw = w.shape
     n = g.shape[0]
-    cols = xp.matmul(xp.reshape(w, (o, -1)).mT, xp.reshape(g, (n, o, -1)))  # (N, C*kh*kw, Ho*Wo)
+    cols = xp.matmul(xp.matrix_transpose(xp.reshape(w, (o, -1))), xp.reshape(g, (n, o, -1)))  # (N, C*kh*kw, Ho*Wo)
     cols = xp.reshape(cols, (n, c, kh * kw) + g.shape[2:])
     parts = [cols[:, :, p, ...] for p in range(kh * kw)]
     return _unwindow(xp, parts, x.shape, (kh, kw), stride, padding)
@@ -227,7 +227,7 @@ def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
 def _conv_filter_grad_kernel(xp, x, g, w, *, stride, padding):
     cols, _, _ = _im2col(xp, x, w.shape[2:], stride, padding)
     n, o = g.shape[:2]
-    per_example = xp.matmul(xp.reshape(g, (n, o, -1)), cols.mT)  # (N, O, C*kh*kw)
+    per_example = xp.matmul(xp.reshape(g, (n, o, -1)), xp.matrix_transpose(cols))  # (N, O, C*kh*kw)
     return xp.reshape(xp.sum(per_example, axis=0), w.shape)
 
 
