@@ -32,8 +32,13 @@ class Session:
         Seeds variable initializers, dropout and the batch order of :meth:`fit`.
     cluster : optional
         Reserved for distributed execution.
-    device : {"cpu"}
-        Where kernels run.
+    device : {"cpu", "gpu", "gpu:<index>"}
+        Where kernels run. On a GPU (CuPy) variables stay on the device, feeds
+        go up once per run and results come back as NumPy.
+    **device_options
+        For ``device="gpu"``: ``memory_pool``, ``memory_limit``, ``results``
+        (``"numpy"`` or ``"device"``), ``fuse`` and ``emulate``; see
+        :class:`workbench.gpu.GPU`.
 
     Examples
     --------
@@ -47,17 +52,25 @@ class Session:
     [[11.0]]
     """
 
-    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu"):
+    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu", **device_options):
         self.graph = graph if graph is not None else get_default_graph()
         if not isinstance(self.graph, Graph):
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
         self.seed = int(seed)
         if cluster is not None:
             raise ClusterError("distributed sessions are not available in this version of workbench")
-        if device != "cpu":
-            raise DeviceError(f"unknown device {device!r}; use 'cpu'")
         self.device = device
         self.xp = np
+        self._gpu = None
+        if device != "cpu":
+            if not str(device).startswith("gpu"):
+                raise DeviceError(f"unknown device {device!r}; use 'cpu' or 'gpu'")
+            from workbench.gpu import GPU  # CuPy is imported only when a GPU is asked for
+
+            self._gpu = GPU(device, **device_options)
+            self.xp = self._gpu.xp
+        elif device_options:
+            raise DeviceError(f"device 'cpu' takes no options, got {', '.join(sorted(device_options))}")
         self.events = EventStream(parent=ROOT, session=id(self))
         self._state: dict[str, Any] = {}
         self._plans: dict[tuple, tuple[Plan, list[str]]] = {}
@@ -93,7 +106,7 @@ class Session:
         return {name: np.array(self._to_host(value)) for name, value in self._state.items() if name in self.graph}
 
     def _to_host(self, value):
-        return value
+        return value if self._gpu is None else self._gpu.to_host(value)
 
     # -- running -----------------------------------------------------------------------
     def run(self, fetches, feed_dict=None, check_numerics: bool = False):
@@ -109,7 +122,8 @@ class Session:
         feeds = self._check_feeds(feed_dict or {})
         plan, order = self._plan(names, feeds)
         values = plan.run([feeds[n] for n in order], check_numerics=check_numerics)
-        return unflatten([None if v is None else self._to_host(v) for v in values])
+        result = self._to_host if self._gpu is None else self._gpu.result
+        return unflatten([None if v is None else result(v) for v in values])
 
     def _plan(self, names: list[str], feeds: dict) -> tuple[Plan, list[str]]:
         key = (tuple(names), tuple(sorted((n, v.dtype.str) for n, v in feeds.items())))
@@ -118,6 +132,8 @@ class Session:
             return cached
         started = time.perf_counter()
         graph = optimize(self.graph, names, fed=feeds)
+        if self._gpu is not None:
+            graph = self._gpu.rewrite(graph, names)
         missing = [op for op in graph.operations if op.type == "placeholder" and op.name not in feeds]
         if missing:
             ph = missing[0].outputs[0]
@@ -165,7 +181,7 @@ class Session:
         feeds = {}
         for key, value in feed_dict.items():
             ph = self._placeholder(key)
-            feeds[ph.name] = self._feed_value(ph, value)
+            feeds[ph.name] = self._feed_value(ph, value) if self._gpu is None else self._gpu.feed(ph, value, self._feed_value)
         return feeds
 
     def _feed_value(self, ph: Tensor, value, any_length: bool = False):

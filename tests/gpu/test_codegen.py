@@ -1,0 +1,121 @@
+"""The CUDA C generated for fused programs (no GPU needed) and the GPU device's errors."""
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench.gpu import codegen
+from workbench.graph.fusion import fuse_elementwise
+
+
+def test_bias_relu_kernel_source():
+    program = (("add", (0, 1), (), "float32"), ("relu", (2,), (), "float32"))
+    assert codegen.kernel_source(program, ("float32", "float32")) == (
+        "float32 in0, float32 in1",
+        "float32 out0",
+        "const float v2 = in0 + in1;\nconst float v3 = (v2 > (float)0 || v2 != v2) ? v2 : (float)0;\nout0 = v3;",
+    )
+
+
+def test_constants_are_exact_literals():
+    program = (("constant", (), (("value", 0.9),), "float64"), ("multiply", (1, 0), (), "float64"))
+    _, out, body = codegen.kernel_source(program, ("float64",))
+    assert out == "float64 out0"
+    assert body == "const double v2 = (double)0.9 * in0;\nout0 = v2;"
+    f32 = float(np.float32(0.9))
+    assert codegen.literal(f32, "float32") == f"(float){f32!r}"
+    assert np.float32(float(codegen.literal(f32, "float32")[len("(float)"):])) == np.float32(0.9)
+    assert codegen.literal(True, "bool") == "true" and codegen.literal(3, "int64") == "(long long)3"
+
+
+def test_where_compare_and_cast():
+    program = (
+        ("greater", (0, 1), (), "bool"),
+        ("where", (2, 0, 1), (), "float32"),
+        ("cast", (3,), (("dtype", "bool"),), "bool"),
+        ("cast", (4,), (("dtype", "float64"),), "float64"),
+    )
+    params, out, body = codegen.kernel_source(program, ("float32", "float32"))
+    assert params == "float32 in0, float32 in1" and out == "float64 out0"
+    assert body.splitlines() == [
+        "const bool v2 = in0 > in1;",
+        "const float v3 = v2 ? in0 : in1;",
+        "const bool v4 = (v3 != 0);",
+        "const double v5 = (double)(v4);",
+        "out0 = v5;",
+    ]
+
+
+def test_sigmoid_matches_the_kernels_formula():
+    assert codegen.expression("sigmoid", ["x"], "float64") == "(double)0.5 * tanh((double)0.5 * x) + (double)0.5"
+
+
+def test_unsupported_dtypes_and_ops_give_none():
+    assert codegen.kernel_source((("exp", (0,), (), "float16"),), ("float16",)) is None
+    assert codegen.kernel_source((("divide", (0, 0), (), "int64"),), ("int64",)) is None
+    assert not codegen.supported("pow", ["int32", "int32"], "int32")
+    assert not codegen.supported("matmul", ["float32", "float32"], "float32")
+    assert codegen.supported("maximum", ["int64", "int64"], "int64")
+
+
+def test_every_elementwise_op_of_the_registry_has_an_expression():
+    from workbench.ops.registry import REGISTRY
+
+    missing = [name for name, d in REGISTRY.items() if d.elementwise and name not in codegen.C_EXPRESSIONS]
+    assert missing == []
+
+
+def test_programs_from_the_pass_generate(graph):
+    x = wb.placeholder("x", shape=(None, 3))
+    m = wb.variable("m", shape=(3,), init="zeros")
+    y = wb.sqrt(0.9 * m + 0.1 * (x * x)) + 1e-8
+    fused = fuse_elementwise(graph, keep=[y.name], supported=codegen.supports_op)
+    op = fused.operation(y.op.name)
+    params, out, body = codegen.kernel_source(op.attrs["program"], [t.dtype for t in op.inputs])
+    assert params == "float32 in0, float32 in1" and out == "float32 out0"
+    assert "sqrt(" in body and body.count("const float") == len(op.attrs["program"]) - 3
+    assert codegen.kernel_name(body).startswith("wb_fused_")
+
+
+def test_gpu_device_errors_say_what_is_missing(graph, monkeypatch):
+    import sys
+
+    wb.placeholder("x", shape=(2,))
+    monkeypatch.setitem(sys.modules, "cupy", None)  # as if CuPy were not installed
+    with pytest.raises(wb.DeviceError, match="needs CuPy, which is not installed"):
+        wb.Session(graph, device="gpu")
+    with pytest.raises(wb.DeviceError, match="unknown device 'tpu'"):
+        wb.Session(graph, device="tpu")
+    with pytest.raises(wb.DeviceError, match="unknown device 'gpu:x'"):
+        wb.Session(graph, device="gpu:x")
+    with pytest.raises(wb.DeviceError, match="device 'cpu' takes no options, got fuse"):
+        wb.Session(graph, fuse=True)
+
+
+def test_no_cuda_device_is_a_clear_error(graph, monkeypatch):
+    import sys
+    import types
+
+    class Runtime:
+        @staticmethod
+        def getDeviceCount():
+            raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+
+    fake = types.SimpleNamespace(__version__="14.0", cuda=types.SimpleNamespace(runtime=Runtime))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    with pytest.raises(wb.DeviceError, match="found no CUDA device.*no CUDA-capable device"):
+        wb.Session(graph, device="gpu")
+
+
+def test_emulated_gpu_session_feeds_fetches_and_fits(graph):
+    x = wb.placeholder("x", shape=(None, 2))
+    y = wb.placeholder("y", shape=(None,), dtype="int64")
+    w = wb.variable("w", shape=(2, 2))
+    loss = wb.mean(wb.softmax_cross_entropy(wb.relu(wb.matmul(x, w)) * 2.0 + 0.5, y), name="loss")
+    train = wb.optimizers.SGD(0.1).minimize(loss)
+    sess = wb.Session(graph, device="gpu", emulate=True)
+    X, Y = np.random.default_rng(0).normal(size=(16, 2)), np.arange(16) % 2
+    hist = sess.fit(train, data={"x": X, "y": Y}, batch_size=4, steps=3, fetches=[loss])
+    assert len(hist.records) == 3 and isinstance(sess.variables["w"], np.ndarray)
+    with pytest.raises(wb.FeedError, match="placeholder 'x' expects shape"):
+        sess.run(loss, {"x": np.zeros((2, 3)), "y": [0, 1]})

@@ -1,0 +1,132 @@
+"""CUDA C for fused elementwise programs: one expression per op, one kernel per program.
+
+:func:`kernel_source` turns a ``fused_elementwise`` program (see
+:mod:`workbench.ops.fused`) and its input dtypes into the three strings of a
+``cupy.ElementwiseKernel``: input parameters, output parameter and loop body.
+Nothing here imports CuPy, so the generated code is tested on any machine.
+
+>>> program = (("add", (0, 1), (), "float32"), ("relu", (2,), (), "float32"))
+>>> params, out, body = kernel_source(program, ("float32", "float32"))
+>>> params, out
+('float32 in0, float32 in1', 'float32 out0')
+>>> print(body)
+const float v2 = in0 + in1;
+const float v3 = (v2 > (float)0 || v2 != v2) ? v2 : (float)0;
+out0 = v3;
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+from workbench.ops.registry import FLOATS
+
+#: C type of each dtype a generated kernel handles (float16 stays unfused).
+C_TYPES = {
+    "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
+    "uint8": "unsigned char", "float32": "float", "float64": "double",
+}  # fmt: skip
+
+FLOAT_ONLY = frozenset({"divide", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu"})
+
+#: The C expression of each op: ``{0}``, ``{1}`` ... are its arguments, ``{T}`` the C
+#: type of its result. Ops missing here (or with a dtype outside C_TYPES) stay unfused.
+C_EXPRESSIONS = {
+    "add": "{0} + {1}",
+    "subtract": "{0} - {1}",
+    "multiply": "{0} * {1}",
+    "divide": "{0} / {1}",
+    "pow": "pow({0}, {1})",
+    "maximum": "({0} > {1} || {0} != {0}) ? {0} : {1}",  # NaN wins, as in NumPy
+    "minimum": "({0} < {1} || {0} != {0}) ? {0} : {1}",
+    "less": "{0} < {1}",
+    "less_equal": "{0} <= {1}",
+    "greater": "{0} > {1}",
+    "greater_equal": "{0} >= {1}",
+    "equal": "{0} == {1}",
+    "not_equal": "{0} != {1}",
+    "negative": "-{0}",
+    "exp": "exp({0})",
+    "log": "log({0})",
+    "sqrt": "sqrt({0})",
+    "tanh": "tanh({0})",
+    "sigmoid": "({T})0.5 * tanh(({T})0.5 * {0}) + ({T})0.5",  # the kernel's tanh form
+    "relu": "({0} > ({T})0 || {0} != {0}) ? {0} : ({T})0",
+    "abs": "({0} < ({T})0) ? -{0} : {0}",
+    "sign": "({0} > ({T})0) ? ({T})1 : (({0} < ({T})0) ? ({T})-1 : {0})",  # keeps 0 and NaN
+    "where": "{0} ? {1} : {2}",
+    "cast": "({T})({0})",
+    "identity": "{0}",
+    "stop_gradient": "{0}",
+    "zeros_like": "({T})0",
+    "ones_like": "({T})1",
+}
+
+
+def supported(op_type: str, in_dtypes, out_dtype: str) -> bool:
+    """Whether the generator has an expression for this op with these dtypes."""
+    if op_type not in C_EXPRESSIONS or out_dtype not in C_TYPES or any(d not in C_TYPES for d in in_dtypes):
+        return False
+    if op_type in FLOAT_ONLY and out_dtype not in FLOATS:
+        return False
+    if op_type in ("negative", "abs", "sign") and out_dtype == "bool":
+        return False
+    return True
+
+
+def supports_op(op) -> bool:
+    """:func:`supported` for a graph operation (the fusion pass's ``supported`` predicate)."""
+    return supported(op.type, [t.dtype for t in op.inputs], op.outputs[0].dtype)
+
+
+def literal(value, dtype: str) -> str:
+    """A C literal of ``value`` as ``dtype``: exact for float32 and float64."""
+    if dtype == "bool":
+        return "true" if value else "false"
+    if dtype in ("float32", "float64"):
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"no C literal for {value}")
+        return f"({C_TYPES[dtype]}){value!r}"  # repr is exact; float32 values round-trip
+    return f"({C_TYPES[dtype]}){int(value)}"
+
+
+def expression(op_type: str, args, out_dtype: str, attrs: dict | None = None) -> str:
+    """The C expression of one step; ``args`` are C names or literals."""
+    ctype = C_TYPES[out_dtype]
+    if op_type == "cast" and out_dtype == "bool":
+        return f"({args[0]} != 0)"
+    return C_EXPRESSIONS[op_type].format(*args, T=ctype)
+
+
+def kernel_source(program, in_dtypes) -> tuple[str, str, str] | None:
+    """``(in_params, out_params, body)`` of a ``cupy.ElementwiseKernel``, or None if unsupported."""
+    dtypes = list(in_dtypes)
+    names = [f"in{i}" for i in range(len(dtypes))]
+    if any(d not in C_TYPES for d in dtypes):
+        return None
+    lines = []
+    for kind, refs, attrs, dtype in program:
+        k = len(names)
+        if kind == "constant":
+            value = attrs[0][1]
+            if dtype not in C_TYPES or (isinstance(value, float) and not math.isfinite(value)):
+                return None
+            names.append(literal(value, dtype))
+            dtypes.append(dtype)
+            continue
+        if not supported(kind, [dtypes[r] for r in refs], dtype):
+            return None
+        lines.append(f"const {C_TYPES[dtype]} v{k} = {expression(kind, [names[r] for r in refs], dtype, dict(attrs))};")
+        names.append(f"v{k}")
+        dtypes.append(dtype)
+    out_dtype = dtypes[-1]
+    lines.append(f"out0 = {names[-1]};")
+    params = ", ".join(f"{d} in{i}" for i, d in enumerate(in_dtypes))
+    return params, f"{out_dtype} out0", "\n".join(lines)
+
+
+def kernel_name(body: str) -> str:
+    """A stable, readable kernel name (it shows up in profiles)."""
+    return f"wb_fused_{zlib.crc32(body.encode()):08x}"

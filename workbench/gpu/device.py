@@ -1,0 +1,213 @@
+"""The GPU device of a session: CuPy namespace, memory pool, transfers, plan rewriting.
+
+``wb.Session(g, device="gpu")`` opens a :class:`GPU` and from then on runs the
+same plans with the CuPy array namespace: variables live on the device, feeds
+go up once per run through pinned host memory, results come back as NumPy
+(``results="device"`` keeps them on the GPU), and plans are fused first
+(:mod:`workbench.graph.fusion`) so chains of elementwise ops run as one kernel.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.errors import DeviceError, FeedError
+from workbench.graph.core import Graph
+from workbench.graph.fusion import fuse_elementwise
+from workbench.gpu.codegen import supports_op
+from workbench.gpu.kernels import FusedKernels
+from workbench.ops import fused
+
+POOLS = ("default", "managed", "async", "none")
+RESULTS = ("numpy", "device")
+
+
+def import_cupy():
+    """CuPy and its array-API namespace, or DeviceError saying which part is missing."""
+    try:
+        import cupy
+    except ImportError as e:
+        raise DeviceError(
+            "device='gpu' needs CuPy, which is not installed (pip install 'workbench[gpu]', "
+            f"or the cupy-cudaXXx wheel matching your CUDA driver): {e}"
+        ) from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - CUDARuntimeError, or a missing driver library
+        raise DeviceError(f"device='gpu' found no CUDA device: CuPy {cupy.__version__} is installed, "
+                          f"but the CUDA runtime says: {type(e).__name__}: {e}") from None  # fmt: skip
+    if count < 1:
+        raise DeviceError(f"device='gpu' found no CUDA device (CuPy {cupy.__version__} sees 0 GPUs)")
+    return cupy, array_namespace(cupy), count
+
+
+def array_namespace(cupy):
+    """array-api-compat's CuPy namespace when installed, else CuPy itself if it has the names kernels use."""
+    try:
+        import array_api_compat.cupy as xp
+
+        return xp
+    except ImportError:
+        missing = [n for n in ("astype", "pow", "permute_dims", "concat", "matrix_transpose") if not hasattr(cupy, n)]
+        if missing:
+            raise DeviceError(
+                f"device='gpu' needs array-api-compat with CuPy {cupy.__version__} (it lacks {', '.join(missing)}): "
+                "pip install array-api-compat"
+            ) from None
+        return cupy
+
+
+def parse_device(device: str) -> int:
+    """``"gpu"`` -> 0, ``"gpu:1"`` -> 1, else DeviceError."""
+    name, _, index = str(device).partition(":")
+    if name != "gpu" or (index and not index.isdigit()):
+        raise DeviceError(f"unknown device {device!r}; use 'cpu', 'gpu' or 'gpu:<index>'")
+    return int(index or 0)
+
+
+class GPU:
+    """One CUDA device as a session uses it.
+
+    Parameters
+    ----------
+    device : str
+        ``"gpu"`` (device 0) or ``"gpu:<index>"``.
+    memory_pool : {"default", "managed", "async", "none"} or a CuPy pool
+        CuPy's device allocator for this process: its default pool, a pool of
+        managed (unified) memory, the CUDA stream-ordered pool, or plain
+        ``cudaMalloc`` without a pool. CuPy's allocator is process-wide.
+    memory_limit : int, optional
+        Cap of the pool in bytes.
+    results : {"numpy", "device"}
+        What :meth:`Session.run` returns for tensors.
+    fuse : bool
+        Fuse elementwise chains into generated kernels (default True).
+    emulate : bool
+        Run this code path on NumPy instead of CuPy (no GPU needed): for tests
+        and dry runs of scripts meant for a GPU machine.
+    """
+
+    def __init__(self, device: str = "gpu", memory_pool="default", memory_limit: int | None = None,
+                 results: str = "numpy", fuse: bool = True, emulate: bool = False):  # fmt: skip
+        self.index = parse_device(device)
+        if results not in RESULTS:
+            raise DeviceError(f"results must be one of {', '.join(RESULTS)}, got {results!r}")
+        self.results, self.fuse, self.emulated = results, bool(fuse), bool(emulate)
+        self._staging: dict[tuple, list] = {}
+        if self.emulated:
+            self.cupy, self.xp, self.pool = None, np, None
+            return
+        self.cupy, self.xp, count = import_cupy()
+        if self.index >= count:
+            raise DeviceError(f"device {device!r} does not exist: {count} CUDA device(s) visible")
+        self.cupy.cuda.Device(self.index).use()
+        self.pool = configure_pool(self.cupy, memory_pool, memory_limit)
+        self.kernels = _shared_kernels(self.cupy)
+        fused.register_compiler(self.kernels)
+
+    def __repr__(self) -> str:
+        return f"<GPU {self.index}{' (emulated on NumPy)' if self.emulated else ''}>"
+
+    # -- plans -------------------------------------------------------------------------
+    def rewrite(self, graph: Graph, fetches) -> Graph:
+        """The graph a plan runs on this device: fused elementwise chains."""
+        if not self.fuse:
+            return graph
+        return fuse_elementwise(graph, keep=fetches, supported=supports_op)
+
+    # -- transfers ---------------------------------------------------------------------
+    def is_device_array(self, value) -> bool:
+        return self.cupy is not None and isinstance(value, self.cupy.ndarray)
+
+    def feed(self, ph, value, check):
+        """A feed on the device; ``check(ph, host_array)`` is the session's host-side check."""
+        if self.is_device_array(value):
+            # check shape and dtype on a zero-stride host stand-in, then cast on the device if needed
+            stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape, (0,) * value.ndim)
+            checked = check(ph, stand_in)
+            return value if checked.dtype == value.dtype else value.astype(checked.dtype)
+        return self.to_device(check(ph, value))
+
+    def to_device(self, array: np.ndarray):
+        """Copy a host array to the device through a reused pinned buffer (asynchronous)."""
+        if self.emulated:
+            return np.array(array)
+        cp = self.cupy
+        array = np.ascontiguousarray(array)
+        if array.nbytes == 0:
+            return cp.asarray(array)
+        buffer, done = self._pinned(array)
+        np.copyto(buffer, array)
+        out = cp.empty(array.shape, array.dtype)
+        stream = cp.cuda.get_current_stream()
+        out.set(buffer, stream=stream)
+        done.record(stream)
+        return out
+
+    def _pinned(self, array):
+        """A pinned buffer for ``array``'s shape and dtype, free to overwrite; two per key, used in turn."""
+        key = (array.shape, array.dtype.str)
+        ring = self._staging.get(key)
+        if ring is None:
+            ring = self._staging[key] = [self._new_pinned(array), self._new_pinned(array), 0]
+        slot = ring[ring[2]]
+        ring[2] ^= 1
+        slot[1].synchronize()  # the copy that last read this buffer has finished
+        return slot
+
+    def _new_pinned(self, array):
+        cp = self.cupy
+        memory = cp.cuda.alloc_pinned_memory(array.nbytes)
+        buffer = np.frombuffer(memory, array.dtype, array.size).reshape(array.shape)
+        event = cp.cuda.Event(block=False, disable_timing=True)
+        event.record()
+        return buffer, event
+
+    def to_host(self, value) -> np.ndarray:
+        """A NumPy copy of a device array (waits for it)."""
+        if self.emulated or not self.is_device_array(value):
+            return np.asarray(value)
+        return self.cupy.asnumpy(value)
+
+    def result(self, value):
+        """What ``Session.run`` returns for a fetched tensor."""
+        return value if self.results == "device" else self.to_host(value)
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished all queued work."""
+        if not self.emulated:
+            self.cupy.cuda.get_current_stream().synchronize()
+
+
+def configure_pool(cupy, memory_pool, memory_limit):
+    """Install the device allocator that ``memory_pool`` names; returns the pool (or None)."""
+    if memory_pool == "none":
+        cupy.cuda.set_allocator(None)
+        return None
+    if memory_pool == "default":
+        pool = cupy.get_default_memory_pool()
+    elif memory_pool == "managed":
+        pool = cupy.cuda.MemoryPool(cupy.cuda.malloc_managed)
+    elif memory_pool == "async":
+        pool = cupy.cuda.MemoryAsyncPool()
+    elif hasattr(memory_pool, "malloc"):
+        pool = memory_pool
+    else:
+        raise DeviceError(f"memory_pool must be one of {', '.join(POOLS)} or a CuPy pool, got {memory_pool!r}")
+    cupy.cuda.set_allocator(pool.malloc)
+    if memory_limit is not None:
+        if hasattr(pool, "set_limit"):
+            pool.set_limit(size=int(memory_limit))
+        else:
+            raise DeviceError(f"memory pool {pool!r} cannot be limited")
+    return pool
+
+
+_KERNELS: dict[int, FusedKernels] = {}
+
+
+def _shared_kernels(cupy) -> FusedKernels:
+    """One kernel cache (and registered compiler) per CuPy module, however many sessions open a GPU."""
+    if id(cupy) not in _KERNELS:
+        _KERNELS[id(cupy)] = FusedKernels(cupy)
+    return _KERNELS[id(cupy)]
