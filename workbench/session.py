@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import zipfile
 from typing import Any, Callable
 
 import numpy as np
@@ -122,6 +123,9 @@ class Session:
         feeds = self._check_feeds(feed_dict or {})
         plan, order = self._plan(names, feeds)
         values = plan.run([feeds[n] for n in order], check_numerics=check_numerics)
+        values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
+        if self.xp is np:
+            values = _detach(values, self._state)
         result = self._to_host if self._gpu is None else self._gpu.result
         return unflatten([None if v is None else result(v) for v in values])
 
@@ -174,7 +178,8 @@ class Session:
         else:
             raise FeedError(f"feed keys are placeholders or their names, got {key!r}")
         if not isinstance(tensor, Tensor) or tensor.op.type != "placeholder":
-            raise FeedError(f"only placeholders can be fed; {key!r} is a {getattr(tensor, 'op', tensor).type} op")
+            label = getattr(tensor, "name", key)
+            raise FeedError(f"only placeholders can be fed; {label!r} is a {getattr(tensor, 'op', tensor).type} op")
         return tensor
 
     def _check_feeds(self, feed_dict: dict) -> dict:
@@ -268,7 +273,7 @@ class Session:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, **{CHECKPOINT_MARK: np.array(1)}, **values)
+                _write_npz(f, {CHECKPOINT_MARK: np.array(1), **values})
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -315,6 +320,36 @@ def read_checkpoint(path) -> dict[str, np.ndarray]:
         raise FormatError(f"no checkpoint at {os.fspath(path)!r}") from None
     except Exception as e:  # zipfile, pickle refusal, truncated data, bad headers
         raise FormatError(f"cannot read checkpoint {os.fspath(path)!r}: {type(e).__name__}: {e}") from None
+
+
+def _write_npz(file, arrays: dict) -> None:
+    """``np.savez`` for any names: passing them as keywords would clash with its own ``file``
+    and ``allow_pickle`` parameters."""
+    with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, value in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+
+
+def _detach(values: list, state: dict) -> list:
+    """Fetched arrays the caller may change: copies of those that share memory with a
+    variable (a variable read, a view of one, an update's result) or are read-only."""
+    roots = None
+    out = []
+    for value in values:
+        if isinstance(value, np.ndarray):
+            if roots is None:
+                roots = {id(_root(s)) for s in state.values()}
+            if not value.flags.writeable or id(_root(value)) in roots:
+                value = value.copy()
+        out.append(value)
+    return out
+
+
+def _root(array):
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return array
 
 
 def _updated_variables(graph: Graph) -> list[str]:

@@ -92,6 +92,13 @@ class Plan:
                 state[name] = value = kernel(state[name], *args)
                 return value
 
+            if op.type == "assign":  # its value may be a fed array the caller still owns: keep a copy
+
+                def assign_step(_snapshot, *args):
+                    state[name] = value = xp.asarray(kernel(state[name], *args), copy=True)
+                    return value
+
+                return assign_step
             return update_step
         return kernel
 
