@@ -127,7 +127,7 @@ def conv2d(x, w, stride=1, padding="valid", name=None):
     ``padding="same"`` pads so that the output has ``ceil(H / stride)`` rows,
     the extra row going at the bottom, as in TensorFlow.
     """
-    return apply("conv2d", x, w, stride=_pair(stride), padding=_check_padding(padding), name=name)
+    return apply("conv2d", x, w, stride=_pair(stride), padding=padding, name=name)
 
 
 def _out_size(size, k, s, padding):
@@ -143,6 +143,7 @@ def _out_size(size, k, s, padding):
 
 
 def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
+    _check_padding(padding)
     dtype = rules.same_dtype(x, w)
     rules.need_float(x)
     if len(x.shape) != 4 or len(w.shape) != 4:
@@ -267,10 +268,11 @@ def max_pool2d(x, size, stride=None, padding="valid", name=None):
     """Max pooling of ``x`` (N, C, H, W) over ``size`` windows; ``stride`` defaults to ``size``."""
     size = _pair(size)
     stride = size if stride is None else _pair(stride)
-    return apply("max_pool2d", x, size=size, stride=stride, padding=_check_padding(padding), name=name)
+    return apply("max_pool2d", x, size=size, stride=stride, padding=padding, name=name)
 
 
 def _pool_spec(x: TensorSpec, *, size, stride, padding) -> TensorSpec:
+    _check_padding(padding)
     rules.need_float(x)
     if len(x.shape) != 4:
         raise ShapeError(f"needs x of shape (N, C, H, W), got {rules.fmt(x.shape)}")
@@ -315,13 +317,13 @@ def dropout(x, rate, seed=None, name=None):
     The mask comes from a generator seeded by the session's seed, this op's
     ``seed`` (its name when ``None``) and the run count, so runs repeat exactly.
     """
-    if not 0.0 <= float(rate) < 1.0:
-        raise ShapeError(f"dropout rate must be in [0, 1), got {rate}")
     y, _mask = apply("dropout", x, rate=float(rate), seed=seed, name=name)
     return y
 
 
 def _dropout_spec(x: TensorSpec, *, rate, seed):
+    if not 0.0 <= rate < 1.0:
+        raise ShapeError(f"rate must be in [0, 1), got {rate}")
     rules.need_float(x)
     return x, x
 
