@@ -380,3 +380,10 @@ def test_gather_grad_adds_repeated_indices_on_both_paths():
     np.testing.assert_array_equal(kernel(np, g, params, idx, axis=0), expected)
     via_matmul = kernel(xps, xps.asarray(g), xps.asarray(params), xps.asarray(idx), axis=0)
     np.testing.assert_array_equal(np.asarray(via_matmul), expected)
+
+
+def test_assign_makes_a_new_array():
+    current, value = np.zeros(3), np.arange(3.0)
+    new = REGISTRY["assign"].kernel(np, current, value)
+    value[0] = 99.0
+    np.testing.assert_array_equal(new, [0.0, 1.0, 2.0])

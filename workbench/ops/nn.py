@@ -78,7 +78,7 @@ def _sce_kernel(xp, logits, labels):
     z = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(z)
     s = xp.sum(e, axis=-1, keepdims=True)
-    picked = xp.take_along_axis(z, xp.expand_dims(xp.astype(labels, xp.int64), axis=-1), axis=-1)
+    picked = xp.take_along_axis(z, xp.expand_dims(xp.astype(labels, xp.int64, copy=False), axis=-1), axis=-1)
     return xp.log(s[..., 0]) - picked[..., 0], e / s
 
 

@@ -156,9 +156,14 @@ def _assign_spec(var: TensorSpec, value: TensorSpec) -> TensorSpec:
     return var
 
 
+def _assign_kernel(xp, current, value):
+    # always a new array: the variable must not share memory with a fed array or another variable
+    return xp.asarray(xp.broadcast_to(value, current.shape), copy=True)
+
+
 _UPDATE = "updates a variable"
 defop("assign", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
-      kernel=lambda xp, current, value: value + xp.zeros_like(current) if value.shape != current.shape else value)
+      kernel=_assign_kernel)
 defop("assign_add", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
       kernel=lambda xp, current, delta: current + delta)
 defop("assign_sub", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
