@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from workbench.errors import FormatError, WorkbenchError
 from workbench.graph.core import Graph, Source
 from workbench.ops.registry import DTYPES, REGISTRY
+from workbench.ops.state import INITIALIZERS
 
 FORMAT = "workbench-graph"
 VERSION = 1
@@ -81,7 +83,9 @@ def graph_from_json(text: str | bytes) -> Graph:
             label = record.get("name") if isinstance(record, dict) else None
             raise FormatError(f"operation {i} ({label!r}) of the graph file is invalid: {type(e).__name__}: {e}") from None
     aliases = doc.get("aliases", {})
-    if not isinstance(aliases, dict) or not all(isinstance(k, str) and isinstance(v, str) and v in graph for k, v in aliases.items()):
+    if not isinstance(aliases, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v in graph and k not in graph for k, v in aliases.items()
+    ):  # an alias names a removed op and points to a kept one; it never shadows an op
         raise FormatError("graph file has invalid \"aliases\"")
     graph._aliases = dict(aliases)
     graph.training = _training(doc.get("training", {}), graph)
@@ -124,12 +128,33 @@ def _add(graph: Graph, record) -> None:
     if not isinstance(attrs, dict):
         raise FormatError(f"{name!r} has \"attrs\" that are not an object")
     attrs = {str(k): _decode(v) for k, v in attrs.items()}
+    _check_attrs(kind, name, attrs)
     op = graph.add_op(kind, inputs, attrs, name=name, control_inputs=control, source=_source(record.get("source")))
     stored = record.get("outputs")
     if stored is not None:
         expected = [{"shape": None if t.shape is None else list(t.shape), "dtype": t.dtype} for t in op.outputs]
         if stored != expected:
             raise FormatError(f"{name!r} records outputs {stored}, but its inputs and attributes give {expected}")
+
+
+def _check_attrs(kind: str, name: str, attrs: dict) -> None:
+    """What the op functions check before a rule sees them (rules trust their callers)."""
+    if "dtype" in attrs and attrs["dtype"] not in DTYPES:
+        raise FormatError(f"{name!r} has dtype {attrs['dtype']!r}, not one of {', '.join(DTYPES)}")
+    if kind in ("placeholder", "variable") and "shape" in attrs:
+        shape = attrs["shape"]
+        dims_ok = isinstance(shape, tuple) and all(
+            (d is None and kind == "placeholder") or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+            for d in shape
+        )
+        if not dims_ok and not (shape is None and kind == "placeholder"):
+            raise FormatError(f"{name!r} has shape {shape!r}, not a list of sizes")
+    if kind == "variable":
+        init = attrs.get("init")
+        if not (isinstance(init, (np.ndarray, float)) or init in INITIALIZERS) or isinstance(init, bool):
+            raise FormatError(f"{name!r} has initializer {init!r}; expected one of {', '.join(INITIALIZERS)}, a number or an array")
+        if not isinstance(attrs.get("trainable"), bool):
+            raise FormatError(f"{name!r} has \"trainable\" {attrs.get('trainable')!r}, not true or false")
 
 
 def _strings(value, what: str) -> list[str]:
@@ -165,7 +190,7 @@ def _decode_array(spec: dict) -> np.ndarray:
         raise FormatError(f"array dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise FormatError(f"array shape {shape!r} is not a list of non-negative ints")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)  # Python ints: no overflow
     if count > MAX_ELEMENTS or not isinstance(data, str):
         raise FormatError("array is too large or has no base64 \"data\"")
     try:
