@@ -11,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError
+from workbench import checkpoint
 from workbench.events import ROOT, EventStream
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
@@ -58,8 +59,7 @@ class Session:
         if not isinstance(self.graph, Graph):
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
         self.seed = int(seed)
-        if cluster is not None:
-            raise ClusterError("distributed sessions are not available in this version of workbench")
+        self.client, self._owns_client = _client_for(cluster)
         self.device = device
         self.xp = np
         self._gpu = None
@@ -146,7 +146,7 @@ class Session:
                 f"{', '.join(repr(n) for n in names)}"
             )
         order = [op.name for op in graph.operations if op.type == "placeholder"]
-        plan = Plan(graph, names, order, self.xp, self._state, seed=self.seed)
+        plan = Plan(graph, names, order, self.xp, self._state, seed=self.seed, own_state=True)
         self._ensure_initialized(plan.variable_names + _updated_variables(graph))
         self._plans[key] = (plan, order)
         self.events.emit(
@@ -216,6 +216,12 @@ class Session:
         fetches=None,
         check_numerics: bool = False,
         callback: Callable[[dict], Any] | None = None,
+        replicas: int | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        window: int = 4,
+        sync_every: int = 10,
+        workers=None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -225,32 +231,70 @@ class Session:
             What one step runs, usually ``optimizer.minimize(loss)``.
         data : dict
             Placeholder (name or tensor) to an array of examples; all of one length.
+            On a cluster, values may also be dask arrays (their chunks stay where they are).
         batch_size : int
-            Examples per step. Batches are drawn in a deterministic order from
-            the session's seed (shuffled epochs; the last partial batch is dropped).
+            Examples per step (the global batch, split across replicas). Batches are
+            drawn in a deterministic order from the session's seed (shuffled epochs;
+            the last partial batch is dropped).
         steps, epochs : int
             How long to train (``epochs`` counts full passes; default one epoch).
         fetches : list or dict, optional
             Tensors recorded at every step, by name (or by the dict's keys).
+        replicas : int, optional
+            On a cluster session: data-parallel replicas (default: one per worker).
+            Results match local training with the same global batch and seed.
+        checkpoint_dir, checkpoint_every : optional
+            Write the variables every ``checkpoint_every`` steps (atomically) and
+            resume from the newest checkpoint there when fit starts again.
+        window, sync_every, workers :
+            Cluster tuning: steps in flight, steps between copies of the variables
+            to the client (a lost worker costs at most that many), workers to use.
 
         Returns
         -------
         History
             ``records``: one dict per step with ``"step"``, ``"time"``,
-            ``"samples_per_s"`` and each fetch.
+            ``"samples_per_s"`` and each fetch (on a cluster also per-replica
+            compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
         arrays = {}
         for key, value in data.items():
             ph = self._placeholder(key)
-            arrays[ph.name] = self._feed_value(ph, value, any_length=True)
+            arrays[ph.name] = value.astype(ph.dtype) if _is_dask(value) else self._feed_value(ph, value, any_length=True)
         n = check_data(arrays)
         if steps is None:
             steps = (epochs or 1) * (n // batch_size)
         labels, fetch_list = _fetch_labels(fetches)
-        history = History()
         self._fits += 1
-        self.events.emit("fit_started", steps=steps, batch_size=batch_size, fetches=labels)
-        for step, idx in enumerate(batch_indices(n, batch_size, steps, seed=(self.seed, self._fits)), start=1):
+        batch_seed = (self.seed, self._fits)
+        if self.client is not None:
+            from workbench.cluster.fit import ClusterFit
+
+            fetch_names = [self._fetch_name(f) for f in fetch_list]
+            replicas = replicas or len(workers or self.client.scheduler_info().get("workers", {})) or 1
+            run = ClusterFit(
+                self, self.client, self.graph.get(self._fetch_name(train)), arrays, batch_size, steps, replicas,
+                fetch_names, labels, batch_seed, window=window, sync_every=sync_every,
+                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, workers=workers, callback=callback,
+            )  # fmt: skip
+            return run.run()
+        if replicas not in (None, 1):
+            raise ClusterError(f"replicas={replicas} needs a cluster: create the session with cluster='local' or an address")
+        return self._fit_local(train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
+                               callback, checkpoint_dir, checkpoint_every)  # fmt: skip
+
+    def _fit_local(self, train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
+                   callback, checkpoint_dir, checkpoint_every) -> History:  # fmt: skip
+        start = 0
+        resumed = checkpoint.latest(checkpoint_dir)
+        if resumed is not None:
+            variables, start = resumed
+            self._state.update({k: self.xp.asarray(v) for k, v in variables.items() if k in self.graph})
+        history = History()
+        n = check_data(arrays)
+        self.events.emit("fit_started", steps=steps, batch_size=batch_size, fetches=labels, start=start)
+        indices = batch_indices(n, batch_size, steps, seed=batch_seed, start=start)
+        for step, idx in enumerate(indices, start=start + 1):
             started = time.perf_counter()
             batch = {name: a[idx] for name, a in arrays.items()}
             values = self.run([train, *fetch_list], batch, check_numerics=check_numerics)
@@ -261,8 +305,24 @@ class Session:
             self.events.emit("step", **record)
             if callback is not None:
                 callback(record)
+            if checkpoint_dir is not None and (step % (checkpoint_every or steps) == 0 or step == steps):
+                checkpoint.save_step(checkpoint_dir, self.variables, step)
         self.events.emit("fit_finished", steps=steps)
         return history
+
+    def close(self) -> None:
+        """Close the cluster client (and local cluster) this session started, if any."""
+        if self.client is not None and self._owns_client:
+            from workbench.cluster.connect import close
+
+            close(self.client)
+        self.client = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- checkpoints -------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> str:
@@ -350,6 +410,27 @@ def _root(array):
     while isinstance(array, np.ndarray) and array.base is not None:
         array = array.base
     return array
+
+
+def _client_for(cluster):
+    """(client, whether the session owns it) for the ``cluster`` argument of Session.
+
+    None: the default cluster set by ``%flow_cluster`` or ``workbench.cluster.set_default``,
+    else local execution; False: local execution; anything else: see
+    :func:`workbench.cluster.connect`.
+    """
+    if cluster is False:
+        return None, False
+    from workbench.cluster.connect import connect, default_client
+
+    if cluster is None:
+        return default_client(), False
+    client = connect(cluster)
+    return client, client is not cluster
+
+
+def _is_dask(value) -> bool:
+    return type(value).__module__.startswith("dask.array") and hasattr(value, "chunks")
 
 
 def _updated_variables(graph: Graph) -> list[str]:

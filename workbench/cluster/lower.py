@@ -67,7 +67,8 @@ def step_tasks(
 ) -> tuple[dict, dict]:
     """The tasks of one synchronous step.
 
-    ``data`` holds one source per placeholder of the program's feeds, in order.
+    ``data`` holds one source per placeholder of the program's feeds, in order
+    (or is a function of a shard's rows that returns them).
     ``program``, ``state`` and the data sources may be literal values,
     ``TaskRef``s or Futures; the returned dict maps keys to ``Task``s. The
     shard weights make the reduced gradient the gradient of the global batch's
@@ -79,8 +80,9 @@ def step_tasks(
     parts = shards(index, replicas)
     total = len(index)
     level = []
-    for i, (key, part) in enumerate(zip(keys["grads"], parts)):
-        tasks[key] = Task(key, replica_gradients, program, state, part, len(part) / total, *data)
+    for key, part in zip(keys["grads"], parts):
+        sources = data(part) if callable(data) else data
+        tasks[key] = Task(key, replica_gradients, program, state, part, len(part) / total, *sources)
         level.append(TaskRef(key))
     depth = 0
     while len(level) > 1:  # fixed pairwise tree: (r0 + r1) + (r2 + r3) ...

@@ -1,0 +1,119 @@
+"""The synchronous-SGD coordinator: what to submit, record, bring home or redo.
+
+Plain code driven by events, tested without a cluster (as Dask's own worker
+state machine is). The shell in :mod:`workbench.cluster.fit` feeds it what
+happened (``step_done``, ``synced``, ``failed``) and carries out the
+instructions it returns:
+
+- ``Submit(step)``: lower and submit that step's tasks;
+- ``Record(step, metrics)``: the step is done; report it (each step once);
+- ``Sync(step)``: bring that step's variables to the host (a recovery point,
+  and a checkpoint file when asked);
+- ``Restart(step, attempt)``: drop everything in flight and continue from the
+  host copy of ``step``, with fresh task keys;
+- ``Finish()``: every step is done and the last one is synced.
+
+Steps finish in order (each depends on the one before), at most ``window`` of
+them are in flight, and a failure costs at most ``sync_every`` steps of work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from workbench.errors import ClusterError
+
+
+@dataclass(frozen=True)
+class Submit:
+    step: int
+
+
+@dataclass(frozen=True)
+class Record:
+    step: int
+    metrics: Any
+
+
+@dataclass(frozen=True)
+class Sync:
+    step: int
+
+
+@dataclass(frozen=True)
+class Restart:
+    step: int
+    attempt: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    pass
+
+
+class Coordinator:
+    """State of one training run on a cluster.
+
+    Parameters
+    ----------
+    start : the step whose variables the host holds (0, or a checkpoint's step).
+    steps : the last step to run.
+    window : steps in flight at most.
+    sync_every : bring variables home every this many steps.
+    max_restarts : failures tolerated before giving up with ClusterError.
+    """
+
+    def __init__(self, start: int, steps: int, window: int = 4, sync_every: int = 10, max_restarts: int = 5):
+        if window < 1 or sync_every < 1:
+            raise ValueError("window and sync_every must be positive")
+        self.steps, self.window, self.sync_every, self.max_restarts = steps, window, sync_every, max_restarts
+        self.host_step = start  # the last step whose variables are on the host
+        self.done = start  # the last step finished (in this attempt)
+        self.recorded = start  # the last step reported
+        self.submitted = start  # the last step submitted
+        self.attempt = 0
+        self.restarts = 0
+
+    @property
+    def in_flight(self) -> range:
+        return range(self.done + 1, self.submitted + 1)
+
+    def start(self) -> list:
+        if self.done >= self.steps:
+            return [Finish()]
+        return self._fill()
+
+    def _fill(self) -> list:
+        out = []
+        while self.submitted < self.steps and self.submitted - self.done < self.window:
+            self.submitted += 1
+            out.append(Submit(self.submitted))
+        return out
+
+    def step_done(self, step: int, metrics: Any) -> list:
+        if step != self.done + 1:
+            raise ValueError(f"step {step} finished, but step {self.done + 1} was expected")
+        self.done = step
+        out: list = []
+        if step > self.recorded:  # a redone step is reported once
+            self.recorded = step
+            out.append(Record(step, metrics))
+        if step % self.sync_every == 0 or step == self.steps:
+            out.append(Sync(step))
+        out.extend(self._fill())
+        return out
+
+    def synced(self, step: int) -> list:
+        self.host_step = max(self.host_step, step)
+        return [Finish()] if step == self.steps else []
+
+    def failed(self, step: int, error: BaseException) -> list:
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            raise ClusterError(
+                f"training failed {self.restarts} times; last at step {step}: {type(error).__name__}: {error}"
+            ) from error
+        self.attempt += 1
+        self.done = self.submitted = self.host_step
+        return [Restart(self.host_step, self.attempt), *self._fill()]
