@@ -61,7 +61,7 @@ class Optimizer:
         """The operation that updates every variable from its gradient."""
         grads_and_vars = list(grads_and_vars)
         graph = grads_and_vars[0][1].graph
-        scope = graph.unique_name(self.name)
+        scope = _unused_scope(graph, self.name)
         raw = [[g.name, v.name] for g, v in grads_and_vars]
         with graph.name_scope(scope):
             if self.clip_norm is not None:
@@ -135,6 +135,19 @@ class Adam(Optimizer):
                 delta = delta + (self.learning_rate * self.weight_decay) * v
             updates.append(ops.assign_sub(v, delta))
         return updates
+
+
+def _unused_scope(graph, base: str) -> str:
+    """``base``, ``base_1`` ...: the first name scope (inside the current ones) no op uses yet,
+    so that a second optimizer never collides with the first one's variables."""
+    prefix = "/".join(graph._scopes + [""])
+    used = {op.name[len(prefix):].split("/")[0] for op in graph.operations if op.name.startswith(prefix)}
+    used.update(a[len(prefix):].split("/")[0] for a in graph._aliases if a.startswith(prefix))
+    scope, i = base, 0
+    while scope in used:
+        i += 1
+        scope = f"{base}_{i}"
+    return scope
 
 
 def _clip_by_global_norm(grads_and_vars, clip_norm: float):
