@@ -1,0 +1,91 @@
+"""Training: the batch order, the history, and models that learn scikit-learn's digits."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import workbench as wb
+from workbench.training import History, batch_indices
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, Y = load_digits(return_X_y=True)
+    X = (X / 16.0).astype(np.float32)
+    return train_test_split(X, Y, test_size=0.25, random_state=0, stratify=Y)
+
+
+def accuracy(sess, logits, x, X, Y):
+    return float(np.mean(np.argmax(sess.run(logits, {x: X}), axis=1) == Y))
+
+
+def test_mlp_reaches_95_percent_on_digits(digits):
+    X_train, X_test, Y_train, Y_test = digits
+    g = wb.Graph(name="mlp")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 64))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = wb.relu(x @ wb.variable("w1", shape=(64, 64)) + wb.variable("b1", shape=(64,), init="zeros"))
+        logits = h @ wb.variable("w2", shape=(64, 10)) + wb.variable("b2", shape=(10,), init="zeros")
+        loss = wb.mean(wb.softmax_cross_entropy(logits, y))
+        train = wb.optimizers.Adam(0.01).minimize(loss)
+    sess = wb.Session(g, seed=0)
+    hist = sess.fit(train, {x: X_train, y: Y_train}, batch_size=64, epochs=15, fetches=[loss])
+    losses = hist[loss.name]
+    assert losses[-10:].mean() < 0.2 * losses[:10].mean()
+    assert accuracy(sess, logits, x, X_test, Y_test) >= 0.95
+
+
+def test_cnn_trains_on_digits(digits):
+    X_train, X_test, Y_train, Y_test = digits
+    g = wb.Graph(name="cnn")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 64))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        images = wb.reshape(x, (-1, 1, 8, 8))
+        k = wb.variable("k", shape=(8, 1, 3, 3), init="he_normal")
+        c = wb.variable("c", shape=(8, 1, 1), init="zeros")
+        h = wb.max_pool2d(wb.relu(wb.conv2d(images, k, padding="same") + c), 2)  # (n, 8, 4, 4)
+        flat = wb.reshape(h, (-1, 8 * 4 * 4))
+        logits = flat @ wb.variable("w", shape=(128, 10)) + wb.variable("b", shape=(10,), init="zeros")
+        loss = wb.mean(wb.softmax_cross_entropy(logits, y))
+        train = wb.optimizers.Adam(0.01).minimize(loss)
+    sess = wb.Session(g, seed=0)
+    hist = sess.fit(train, {x: X_train, y: Y_train}, batch_size=64, epochs=6, fetches=[loss])
+    losses = hist[loss.name]
+    assert losses[-10:].mean() < 0.25 * losses[:10].mean()
+    assert accuracy(sess, logits, x, X_test, Y_test) >= 0.90
+
+
+# -- the batch order -------------------------------------------------------------------
+
+
+def test_batch_indices_are_deterministic_epochs():
+    batches = list(batch_indices(10, 3, 7, seed=(0, 1)))
+    again = list(batch_indices(10, 3, 7, seed=(0, 1)))
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again))
+    assert [len(b) for b in batches] == [3] * 7
+    first_epoch = np.concatenate(batches[:3])
+    assert len(set(first_epoch)) == 9  # an epoch never repeats an example; the rest is dropped
+    assert all(np.all(np.diff(b) > 0) for b in batches)
+    other = list(batch_indices(10, 3, 7, seed=(1, 1)))
+    assert any(not np.array_equal(a, b) for a, b in zip(batches, other))
+
+
+def test_batch_indices_bad_sizes():
+    with pytest.raises(wb.FeedError, match="batch_size must be positive, got 0"):
+        next(batch_indices(10, 0, 1, seed=0))
+    with pytest.raises(wb.FeedError, match="batch_size 11 is larger than the data"):
+        next(batch_indices(10, 11, 1, seed=0))
+
+
+def test_history():
+    hist = History()
+    assert repr(hist) == "<History: no steps>" and len(hist) == 0
+    hist.append({"step": 1, "time": 0.1, "loss": 2.0})
+    hist.append({"step": 2, "time": 0.1, "loss": 1.5})
+    np.testing.assert_array_equal(hist["loss"], [2.0, 1.5])
+    assert "2 steps" in repr(hist) and "loss=1.5" in repr(hist)
+    with pytest.raises(KeyError, match="no field 'acc'"):
+        hist["acc"]
