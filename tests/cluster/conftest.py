@@ -1,0 +1,40 @@
+"""Models and data shared by the cluster tests."""
+
+import numpy as np
+
+import workbench as wb
+
+
+def mlp(layers: int = 2, dtype: str = "float64", hidden: int = 8, optimizer=None, name: str = "mlp", features: int = 6):
+    """A classifier of ``layers`` dense layers on ``features`` inputs, trained with Adam by default."""
+    g = wb.Graph(name=name)
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, features), dtype=dtype)
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h, width = x, features
+        for i in range(layers):
+            out = 3 if i == layers - 1 else hidden
+            w = wb.variable(f"w{i}", shape=(width, out), init="glorot_uniform", dtype=dtype)
+            b = wb.variable(f"b{i}", shape=(out,), init="zeros", dtype=dtype)
+            h = wb.matmul(h, w) + b
+            if i < layers - 1:
+                h = wb.tanh(h)
+            width = out
+        loss = wb.mean(wb.softmax_cross_entropy(h, y))
+        train = (optimizer or wb.optimizers.Adam(0.05)).minimize(loss)
+    return {"graph": g, "x": x, "y": y, "loss": loss, "train": train, "logits": h}
+
+
+def blobs(n: int = 96, features: int = 6, dtype: str = "float64", seed: int = 0) -> dict:
+    """Three noisy classes: ``{"x": ..., "y": ...}``."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, size=n)
+    centers = rng.normal(size=(3, features)) * 2
+    x = centers[y] + rng.normal(size=(n, features))
+    return {"x": x.astype(dtype), "y": y.astype("int64")}
+
+
+def assert_same_variables(a: dict, b: dict, rtol: float) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=rtol, atol=rtol * 1e-3, err_msg=name)
