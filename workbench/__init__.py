@@ -55,3 +55,15 @@ __all__ = [
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
     "name_scope", "optimizers", "reset_default_graph", *_PUBLIC_OPS,
 ]  # fmt: skip
+
+
+def load_ipython_extension(ip) -> None:
+    """``%load_ext workbench``: the ``%%flow`` and ``%flow_cluster`` magics and live training views."""
+    from workbench.magics import load_ipython_extension as load
+
+    load(ip)
+
+
+from workbench import notebook as _notebook  # noqa: E402
+
+_notebook.install_if_kernel()  # in a notebook, fit() shows a TrainingView

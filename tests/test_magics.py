@@ -1,0 +1,213 @@
+"""The %%flow and %flow_cluster magics in a real IPython shell, and in a real kernel (slow)."""
+
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import workbench as wb
+from workbench import cluster as wb_cluster
+from workbench.widgets import ClusterView, GraphView
+
+EXAMPLE = '''%%flow mlp
+x = placeholder("x", shape=(None, 64))
+y = placeholder("y", shape=(None,), dtype="int64")
+w = variable("w", shape=(64, 10), init="glorot_uniform")
+b = variable("b", shape=(10,), init="zeros")
+loss = mean(softmax_cross_entropy(matmul(x, w) + b, y))
+train = optimizers.SGD(0.1).minimize(loss)
+'''
+
+
+@pytest.fixture
+def ip(monkeypatch):
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "workbench")
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: shown.extend(objs))
+    shell.shown = shown
+    yield shell
+    for name in ("mlp", "bad", "data", "other"):
+        shell.user_ns.pop(name, None)
+
+
+def run(ip, cell):
+    result = ip.run_cell(cell)
+    return result.error_in_exec or result.error_before_exec
+
+
+def test_the_issue_example(ip):
+    assert run(ip, "%load_ext workbench") is None
+    assert run(ip, EXAMPLE) is None
+    mlp = ip.user_ns["mlp"]
+    assert isinstance(mlp, wb.Graph) and mlp.name == "mlp"
+    assert mlp.loss.op.type == "mean" and mlp.loss.shape == ()
+    assert isinstance(mlp.train, wb.Operation) and mlp.train.name == "SGD/update"
+    assert isinstance(mlp.w, wb.Variable) and mlp.x.op.type == "placeholder"
+    assert "placeholder" not in ip.user_ns  # ops are in scope in the cell, not added to the user's names
+    (view,) = ip.shown
+    assert isinstance(view, GraphView) and view.graph is mlp and view.collapsed == ["SGD", "gradients"]
+    sess = wb.Session(mlp)
+    history = sess.fit(mlp.train, {"x": np.zeros((32, 64)), "y": np.zeros(32, "int64")}, batch_size=8, steps=2)
+    assert len(history) == 2
+
+
+def test_operations_remember_their_line_in_the_cell(ip):
+    run(ip, EXAMPLE)
+    source = ip.user_ns["mlp"].w.op.source
+    assert source.lineno == 4  # the %%flow line is line 1, as the notebook shows the cell
+    assert source.code == 'w = variable("w", shape=(64, 10), init="glorot_uniform")'
+
+
+def test_rerunning_replaces_the_graph(ip):
+    run(ip, EXAMPLE)
+    first = ip.user_ns["mlp"]
+    run(ip, EXAMPLE)
+    second = ip.user_ns["mlp"]
+    assert second is not first and len(second.operations) == len(first.operations)
+    assert not ip.shown[0].following and ip.shown[1].following  # the old view stopped listening
+
+
+def test_user_names_are_visible_and_ops_win_over_builtins(ip):
+    ip.user_ns["data"] = np.ones((3, 4), "float32")
+    assert run(ip, "%%flow other -q\nc = constant(data)\ns = sum(c, axis=1)\nbig = max(s)\n") is None
+    g = ip.user_ns["other"]
+    assert g.c.shape == (3, 4) and g.s.op.type == "sum" and g.big.op.type == "max"
+    assert ip.shown == []  # -q: no view
+
+
+def test_a_graph_build_error_reports_the_cell_line_without_internals(ip):
+    cell = '%%flow bad\nx = placeholder("x", shape=(None, 64))\nw = variable("w", shape=(32, 10))\nh = matmul(x, w)\n'
+    error = run(ip, cell)
+    assert isinstance(error, wb.ShapeError)
+    report = error._render_traceback_()
+    assert report[0] == "%%flow bad, line 4:"
+    assert report[1].strip() == "h = matmul(x, w)"
+    assert report[2].startswith("ShapeError: matmul 'matmul': inner dimensions differ")
+    assert "workbench" not in "\n".join(report).replace("%%flow", "")
+    assert "bad" not in ip.user_ns  # a failed cell binds nothing
+
+
+def test_other_errors_show_only_the_cells_frames(ip):
+    error = run(ip, "%%flow bad\nx = placeholder('x')\nz = undefined_name + 1\n")
+    assert isinstance(error, NameError)
+    report = "\n".join(error._render_traceback_())
+    assert "line 3" in report and "undefined_name" in report and "magics.py" not in report
+
+
+def test_syntax_errors_name_the_cell_line(ip):
+    error = run(ip, "%%flow bad\nx = placeholder('x'\n")
+    assert isinstance(error, SyntaxError) and error.lineno == 2
+
+
+@pytest.mark.parametrize("line", ["%%flow", "%%flow 1mlp", "%%flow mlp --nope", "%%flow mlp extra"])
+def test_bad_flow_arguments_are_usage_errors(ip, line):
+    assert isinstance(run(ip, f"{line}\nx = 1\n"), UsageError)
+
+
+def test_flow_help_comes_from_magic_arguments(ip):
+    doc = ip.find_cell_magic("flow").__doc__
+    assert "usage: %flow [-q] [--expand] name" in doc.replace("\n", " ") or "--expand" in doc
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [("foo", "not 'local', 'close' or a scheduler address"), ("local -n 0", "positive number"),
+     ("tcp://h:1 -n 2", "local cluster only"), ("local -n x", "invalid int value")],
+)  # fmt: skip
+def test_bad_cluster_arguments_are_usage_errors(ip, line, message):
+    with pytest.raises(UsageError, match=message):
+        ip.run_line_magic("flow_cluster", line)
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch):
+    calls = []
+    state = {"client": None}
+    info = {"scheduler": "tcp://127.0.0.1:1", "dashboard": "http://127.0.0.1:2/status",
+            "workers": [{"address": "tcp://127.0.0.1:3", "name": "0", "threads": 1, "memory": 1, "gpus": 0}]}  # fmt: skip
+
+    def set_default(target, **kwargs):
+        calls.append(("set_default", target, kwargs))
+        state["client"] = object()
+        return state["client"]
+
+    def close_default():
+        calls.append(("close_default",))
+        state["client"] = None
+
+    monkeypatch.setattr(wb_cluster, "set_default", set_default)
+    monkeypatch.setattr(wb_cluster, "close_default", close_default)
+    monkeypatch.setattr(wb_cluster, "default_client", lambda: state["client"])
+    monkeypatch.setattr(wb_cluster, "info", lambda client: info)
+    return calls
+
+
+def test_flow_cluster_sets_shows_and_closes_the_default(ip, fake_cluster):
+    view = ip.run_line_magic("flow_cluster", "")
+    assert isinstance(view, ClusterView) and view.info is None and "no default cluster" in view.message
+    view = ip.run_line_magic("flow_cluster", "local -n 2")
+    assert fake_cluster[-1] == ("set_default", "local", {"n_workers": 2})
+    assert view.info["dashboard"] == "http://127.0.0.1:2/status"
+    assert ip.run_line_magic("flow_cluster", "").info["workers"][0]["threads"] == 1
+    ip.run_line_magic("flow_cluster", "tcp://10.0.0.1:8786")
+    assert fake_cluster[-1] == ("set_default", "tcp://10.0.0.1:8786", {"n_workers": None})
+    assert ip.run_line_magic("flow_cluster", "close").info is None
+    assert fake_cluster[-1] == ("close_default",)
+
+
+def test_flow_cluster_reports_an_unreachable_scheduler_briefly(ip, monkeypatch):
+    def refuse(target, **kwargs):
+        raise wb.ClusterError(f"cannot reach the Dask scheduler at {target}")
+
+    monkeypatch.setattr(wb_cluster, "set_default", refuse)
+    with pytest.raises(wb.ClusterError) as info:
+        ip.run_line_magic("flow_cluster", "tcp://127.0.0.1:9")
+    assert info.value._render_traceback_() == ["ClusterError: cannot reach the Dask scheduler at tcp://127.0.0.1:9"]
+
+
+@pytest.mark.slow
+def test_flow_cluster_local_starts_a_real_cluster(ip):
+    try:
+        view = ip.run_line_magic("flow_cluster", "local -n 1")
+        (worker,) = view.info["workers"]
+        assert worker["threads"] == 1 and worker["memory"] > 0
+        assert view.info["dashboard"].startswith("http://")
+        assert ip.run_line_magic("flow_cluster", "").info["scheduler"] == view.info["scheduler"]
+    finally:
+        ip.run_line_magic("flow_cluster", "close")
+    assert wb_cluster.default_client() is None
+
+
+# -- a real kernel ------------------------------------------------------------------------
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+@pytest.mark.slow
+def test_magics_and_views_in_a_real_kernel(tmp_path):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    cells = [
+        "%load_ext workbench",
+        EXAMPLE,
+        "import numpy as np\nimport workbench as wb\nassert isinstance(mlp, wb.Graph) and mlp.loss.op.type == 'mean'\n"
+        "sess = wb.Session(mlp)\n"
+        "h = sess.fit(mlp.train, {'x': np.random.rand(64, 64), 'y': np.arange(64) % 10}, batch_size=16, steps=30,"
+        " fetches={'loss': mlp.loss})",
+        "%%flow broken\nx = placeholder('x', shape=(None, 3))\nw = variable('w', shape=(4, 2))\nh = matmul(x, w)",
+    ]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()  # fmt: skip
+    outputs = [c.outputs for c in nb.cells]
+    assert not [o for o in outputs[0] + outputs[1] + outputs[2] if o.output_type == "error"]
+    assert any(WIDGET_VIEW in o.get("data", {}) for o in outputs[1])  # the GraphView
+    assert any(WIDGET_VIEW in o.get("data", {}) for o in outputs[2])  # the TrainingView, shown by fit
+    (error,) = [o for o in outputs[3] if o.output_type == "error"]
+    assert error.ename == "ShapeError"
+    assert error.traceback[:2] == ["%%flow broken, line 4:", "    h = matmul(x, w)"]
+    state = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    models = [m["state"] for m in state.values() if m["model_name"] == "AnyModel"]
+    trainings = [m for m in models if "steps" in m.get("state", {})]
+    assert trainings and trainings[-1]["state"]["step"] == 30 and trainings[-1]["state"]["status"] == "done"

@@ -1,0 +1,68 @@
+import sys
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench import notebook
+from workbench.events import ROOT, EventStream
+from workbench.widgets import ScalingView, TrainingView
+
+
+@pytest.fixture
+def shown():
+    shown = []
+    notebook.install(display=shown.append)
+    yield shown
+    notebook.uninstall()
+
+
+def tiny_fit(steps=20):
+    g = wb.Graph(name="lin")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2))
+        w = wb.variable("w", shape=(2,), init=0.0)
+        loss = wb.mean((wb.sum(x * w, axis=1) - 1.0) ** 2.0)
+        train = wb.optimizers.SGD(0.1).minimize(loss)
+    sess = wb.Session(g)
+    sess.fit(train, {"x": np.ones((8, 2), "float32")}, batch_size=4, steps=steps, fetches={"loss": loss})
+    return sess
+
+
+def test_fit_shows_a_training_view_that_follows_its_session(shown):
+    sess = tiny_fit()
+    (view,) = shown
+    assert isinstance(view, TrainingView)
+    assert view.state["status"] == "done" and view.state["step"] == 20 and view.state["steps"] == 20
+    assert "loss" in view.state["curves"] and not view.following
+    tiny_fit(steps=3)
+    assert len(shown) == 2 and shown[1].state["step"] == 3
+    assert shown[0].state["step"] == 20  # the first view kept its own run
+    assert sess.events.tags["session"] != shown[1]._session
+
+
+def test_scaling_study_events_show_a_scaling_view(shown):
+    ROOT.emit("scaling_started", workers=[1, 2])
+    ROOT.emit("scaling_point", workers=1, samples_per_s=10.0, speedup=1.0, efficiency=1.0)
+    ROOT.emit("scaling_finished", rows=[{"workers": 1, "samples_per_s": 10.0, "speedup": 1.0, "efficiency": 1.0}])
+    (view,) = shown
+    assert isinstance(view, ScalingView) and view.state["status"] == "done"
+
+
+def test_install_is_idempotent_and_uninstall_stops_it():
+    stream, shown = EventStream(), []
+    notebook.install(stream, display=shown.append)
+    notebook.install(stream, display=shown.append)
+    stream.emit("fit_started", session=1, steps=1, batch_size=1, fetches=[])
+    assert len(shown) == 1
+    notebook.uninstall()
+    stream.emit("fit_started", session=2, steps=1, batch_size=1, fetches=[])
+    assert len(shown) == 1 and not notebook.installed()
+
+
+def test_outside_a_kernel_nothing_is_installed_and_no_widgets_are_imported():
+    import subprocess
+
+    code = "import sys, workbench, workbench.notebook as n; print(n.installed(), 'ipywidgets' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

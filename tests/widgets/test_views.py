@@ -1,0 +1,219 @@
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench.events import EventStream
+from workbench.widgets import ClusterView, GraphView, ScalingView, Throttle, TrainingView
+from workbench.widgets.training_view import Series, TrainingModel
+
+
+def steps(n, labels=("loss",), **extra):
+    for i in range(1, n + 1):
+        yield {"kind": "step", "step": i, "time": 0.01, "samples_per_s": 100.0 * i,
+               **{k: 1.0 / i for k in labels}, **extra}  # fmt: skip
+
+
+# -- throttling ---------------------------------------------------------------------------
+
+
+def test_throttle_pushes_at_most_ten_times_a_second_and_always_the_last_state(clock):
+    pushed = []
+    throttle = Throttle(lambda: pushed.append(clock()), max_rate=10, clock=clock)
+    for _ in range(10_000):  # 10,000 events over 2 s
+        clock.advance(0.0002)
+        throttle.request()
+    assert 19 <= len(pushed) <= 21
+    assert all(b - a >= 0.1 - 1e-9 for a, b in zip(pushed, pushed[1:]))
+    throttle.flush()
+    assert pushed[-1] == clock()
+    throttle.flush()  # nothing new: no push
+    assert len(pushed) == throttle.pushes
+
+
+def test_training_view_updates_at_most_ten_times_a_second_whatever_the_step_rate(clock):
+    stream = EventStream()
+    view = TrainingView(clock=clock).follow(stream, session=1)
+    syncs = []
+    view.observe(lambda change: syncs.append(clock()), names="state")
+    stream.emit("fit_started", session=1, steps=5000, batch_size=32, fetches=["loss"])
+    for event in steps(5000):
+        clock.advance(0.0004)  # 2,500 steps/s for 2 s
+        stream.emit(**event, session=1)
+    assert len(syncs) <= 2 * 10 + 1
+    stream.emit("fit_finished", session=1, steps=5000)
+    assert view.state["step"] == 5000 and view.state["status"] == "done"
+    assert view.state["curves"]["loss"][-1] == [5000, 1.0 / 5000]
+    assert not view.following  # the run is over
+
+
+def test_training_view_ignores_other_sessions(clock):
+    stream = EventStream()
+    view = TrainingView(clock=clock).follow(stream, session=1)
+    stream.emit("fit_started", session=2, steps=10, batch_size=4, fetches=[])
+    assert view.model.status == "waiting"
+
+
+# -- training model -----------------------------------------------------------------------
+
+
+def test_training_model_progress_eta_and_curves(clock):
+    model = TrainingModel()
+    model.handle({"kind": "fit_started", "steps": 100, "batch_size": 32, "fetches": ["loss", "acc"]}, clock())
+    for event in steps(25, labels=("loss", "acc")):
+        clock.advance(0.1)
+        model.handle(event, clock())
+    snap = model.snapshot()
+    assert snap["step"] == 25 and snap["steps"] == 100 and snap["status"] == "running"
+    assert snap["elapsed"] == pytest.approx(2.5)
+    assert snap["eta"] == pytest.approx(7.5)  # 75 steps at 0.1 s each
+    assert snap["samples_per_s"] == 2500.0
+    assert sorted(snap["curves"]) == ["acc", "loss"]
+    assert snap["throughput"][-1] == [25, 2500.0]
+    assert snap["workers"] == {}
+    assert model.handle({"kind": "fit_finished", "steps": 100}, clock()) is True
+    assert model.snapshot()["eta"] is None
+
+
+def test_training_model_worker_utilization_replicas_and_dropped(clock):
+    model = TrainingModel()
+    model.handle({"kind": "fit_started", "steps": 4, "batch_size": 8, "fetches": ["loss"]}, clock())
+    workers = {"tcp://a": 0.05, "tcp://b": 0.1}
+    for event in steps(4, replicas=2, workers=workers, dropped=0):
+        event["time"] = 0.1
+        model.handle(event, clock())
+    model.handle({"kind": "step", "step": 5, "time": 0.1, "samples_per_s": 1.0, "loss": 0.1,
+                  "workers": {"tcp://a": 0.1}, "dropped": 1}, clock())  # fmt: skip
+    snap = model.snapshot()
+    assert snap["workers"] == {"tcp://a": pytest.approx(0.3 / 0.5), "tcp://b": pytest.approx(0.4 / 0.5)}
+    assert snap["replicas"] == 2 and snap["dropped"] == 1
+
+
+def test_non_scalar_fetches_are_not_plotted(clock):
+    model = TrainingModel()
+    model.handle({"kind": "fit_started", "steps": 1, "batch_size": 1, "fetches": ["loss", "logits"]}, clock())
+    model.handle({"kind": "step", "step": 1, "time": 0.1, "samples_per_s": 10.0, "loss": 1.0,
+                  "logits": np.zeros(3), "nan": float("nan")}, clock())  # fmt: skip
+    assert list(model.snapshot()["curves"]) == ["loss"]
+
+
+def test_a_failed_run_shows_where(clock):
+    model = TrainingModel()
+    model.handle({"kind": "fit_started", "steps": 10, "batch_size": 1, "fetches": []}, clock())
+    assert model.handle({"kind": "run_failed", "op": "log", "error": "NaN"}, clock()) is True
+    assert model.snapshot()["status"] == "failed" and model.snapshot()["error"] == "log: NaN"
+
+
+def test_series_keeps_a_bounded_number_of_points_and_the_last_one():
+    series = Series(max_points=100)
+    for i in range(1, 100_001):
+        series.append(i, float(i))
+    points = series.view()
+    assert len(points) <= 101
+    assert points[0] == [1, 1.0] and points[-1] == [100_000, 100_000.0]
+    xs = [p[0] for p in points]
+    assert xs == sorted(xs)
+
+
+def test_training_view_from_a_real_fit(clock):
+    g = wb.Graph(name="lin")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2))
+        w = wb.variable("w", shape=(2,), init=0.0)
+        loss = wb.mean((wb.sum(x * w, axis=1) - 1.0) ** 2.0)
+        train = wb.optimizers.SGD(0.1).minimize(loss)
+    sess = wb.Session(g)
+    view = TrainingView(clock=clock).follow(sess.events)
+    sess.fit(train, {"x": np.ones((16, 2), "float32")}, batch_size=4, steps=12, fetches={"loss": loss})
+    assert view.state["step"] == 12 and view.state["status"] == "done"
+    assert len(view.state["curves"]["loss"]) == 12
+    assert view.state["curves"]["loss"][-1][1] < view.state["curves"]["loss"][0][1]
+
+
+# -- graph view ---------------------------------------------------------------------------
+
+
+def test_graph_view_folds_and_unfolds(mlp):
+    view = GraphView(mlp)
+    assert view.collapsed == ["SGD", "gradients"] and len(view.layout["nodes"]) == 10
+    view.toggle("gradients")
+    assert view.collapsed == ["SGD"] and len(view.layout["nodes"]) == 16
+    view.collapsed = []  # what the front end does on a click
+    assert len(view.layout["nodes"]) == 22
+    with pytest.raises(KeyError, match="no name scope 'nope'"):
+        view.toggle("nope")
+
+
+def test_graph_view_node_states_from_run_events(mlp, clock):
+    stream = EventStream()
+    view = GraphView(mlp, clock=clock).follow(stream)
+    ops = ["x", "y", "w", "b", "matmul", "add", "softmax_cross_entropy", "mean"]
+    stream.emit("run_started", session=7, ops=ops)
+    assert view.states["matmul"] == "running"
+    stream.emit("run_finished", session=7)
+    assert set(view.states.values()) == {"done"}
+    clock.advance(1)
+    stream.emit("run_started", session=7, ops=ops + ["gradients/ones_like", "SGD/update"])
+    stream.emit("run_failed", session=7, op="add", error="boom")
+    assert view.states["matmul"] == "done" and view.states["add"] == "error"
+    assert view.states["mean"] == "waiting" and view.states["gradients"] == "waiting"
+    stream.emit("run_started", session=8, ops=["not_in_this_graph"])
+    stream.emit("run_finished", session=8)
+    assert view.states["add"] == "error"
+    assert view.following  # a graph view follows every run
+
+
+def test_graph_view_state_updates_are_throttled(mlp, clock):
+    stream = EventStream()
+    view = GraphView(mlp, clock=clock).follow(stream)
+    pushes = []
+    view.observe(lambda change: pushes.append(clock()), names="states")
+    for i in range(1000):  # a node_state storm: 1,000 events in 1 s
+        clock.advance(0.001)
+        stream.emit("node_state", session=1, op="matmul", state="running" if i % 2 else "done")
+    assert len(pushes) <= 11
+
+
+def test_graph_view_from_a_real_session(mlp):
+    view = GraphView(mlp).follow(wb.events.ROOT)
+    try:
+        sess = wb.Session(mlp)
+        sess.run(mlp.loss, {"x": np.zeros((2, 64)), "y": np.zeros(2, "int64")})
+    finally:
+        view.stop()
+    if view.states:  # sessions that emit run events colour the nodes
+        assert view.states["mean"] == "done"
+
+
+# -- scaling and cluster views ------------------------------------------------------------
+
+
+def test_scaling_view_rows_arrive_one_by_one():
+    stream = EventStream()
+    view = ScalingView().follow(stream)
+    stream.emit("scaling_started", workers=[1, 2, 4])
+    assert view.state == {"planned": [1, 2, 4], "rows": [], "status": "running"}
+    stream.emit("scaling_point", workers=2, samples_per_s=180.0, speedup=1.8, efficiency=0.9)
+    stream.emit("scaling_point", workers=1, samples_per_s=100.0, speedup=1.0, efficiency=1.0)
+    assert [r["workers"] for r in view.state["rows"]] == [1, 2]  # pushed at once, sorted
+    rows = [{"workers": n, "samples_per_s": 100.0 * n * 0.9, "speedup": 0.9 * n, "efficiency": 0.9} for n in (1, 2, 4)]
+    stream.emit("scaling_finished", rows=rows)
+    assert view.state["status"] == "done" and len(view.state["rows"]) == 3
+    assert not view.following
+
+
+def test_cluster_view_holds_the_info():
+    info = {"scheduler": "tcp://127.0.0.1:8786", "dashboard": "http://127.0.0.1:8787/status",
+            "workers": [{"address": "tcp://127.0.0.1:1", "name": "0", "threads": 1, "memory": 2**30, "gpus": 1}]}  # fmt: skip
+    view = ClusterView(info)
+    assert view.info["dashboard"].endswith("/status")
+    assert ClusterView(None, message="none").info is None
+
+
+def test_views_render_offline():
+    """The front ends are shipped as text (no URL to fetch) and never import from the network."""
+    for cls in (GraphView, TrainingView, ScalingView, ClusterView):
+        esm = cls._esm.default_value if hasattr(cls._esm, "default_value") else cls._esm
+        esm = str(esm)
+        assert "export default" in esm
+        assert "http://" not in esm.replace("http://www.w3.org/2000/svg", "") and "https://" not in esm
+        assert "import " not in esm

@@ -1,0 +1,83 @@
+"""The notebook hook: shows a TrainingView when ``fit`` starts and a ScalingView when a scaling study does.
+
+It listens to :data:`workbench.events.ROOT`, so the execution layer needs no
+notion of notebooks. ``import workbench`` installs it inside an IPython kernel,
+and so does ``%load_ext workbench``; widgets are imported only when an event
+needs one, so plain scripts never load ipywidgets.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from workbench.events import ROOT, EventStream
+
+_hook: dict[str, Any] = {"unsubscribe": None, "display": None, "views": {}}
+
+
+def in_kernel() -> bool:
+    """Whether this process is an IPython kernel (a notebook, not a terminal or a script)."""
+    if "IPython" not in sys.modules:  # never import IPython just to ask
+        return False
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def install(stream: EventStream = ROOT, display: Callable[[Any], Any] | None = None) -> None:
+    """Show views for training runs and scaling studies as they start (idempotent).
+
+    ``display`` defaults to IPython's; tests pass their own.
+    """
+    uninstall()
+    _hook["display"] = display
+    _hook["unsubscribe"] = stream.subscribe(lambda event: _on_event(stream, event))
+
+
+def install_if_kernel() -> bool:
+    """:func:`install` when running in a kernel; returns whether it did."""
+    if in_kernel() and _hook["unsubscribe"] is None:
+        install()
+        return True
+    return False
+
+
+def uninstall() -> None:
+    """Stop showing views for new runs (views already shown keep following theirs)."""
+    if _hook["unsubscribe"] is not None:
+        _hook["unsubscribe"]()
+    _hook.update(unsubscribe=None, display=None, views={})
+
+
+def installed() -> bool:
+    return _hook["unsubscribe"] is not None
+
+
+def _on_event(stream: EventStream, event: dict) -> None:
+    kind = event.get("kind")
+    if kind not in ("fit_started", "scaling_started"):
+        return
+    from workbench.widgets import ScalingView, TrainingView  # widgets only when needed
+
+    _hook["views"] = {k: v for k, v in _hook["views"].items() if v.following}
+    key = (kind, event.get("session"))
+    old = _hook["views"].pop(key, None)
+    if old is not None:
+        old.stop()
+    if kind == "fit_started":
+        view = TrainingView(title=f"training · {event.get('steps', '?')} steps").follow(stream, event.get("session"))
+    else:
+        view = ScalingView().follow(stream, event.get("session"))
+    view.handle(event)  # it subscribed after this event was sent
+    view.throttle.request()
+    _hook["views"][key] = view
+    _show(view)
+
+
+def _show(view) -> None:
+    display = _hook["display"]
+    if display is None:
+        from IPython.display import display
+    display(view)

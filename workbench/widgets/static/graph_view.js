@@ -1,0 +1,174 @@
+// GraphView front end: draws the layout computed in Python (workbench/widgets/layout.py) as SVG.
+// Synced state: layout (nodes with x/y, edges, scope boxes), collapsed (scopes), states (node -> state).
+const SVG = "http://www.w3.org/2000/svg";
+const KIND_FILL = {
+  placeholder: "#ddf4ff", variable: "#dafbe1", constant: "#eaeef2", update: "#fff1e5",
+  group: "#f6f8fa", scope: "#fbefff", op: "#ffffff",
+};
+const KIND_STROKE = {
+  placeholder: "#0969da", variable: "#1a7f37", constant: "#8c959f", update: "#bc4c00",
+  group: "#6e7781", scope: "#8250df", op: "#57606a",
+};
+const STATE_COLOR = { waiting: "#afb8c1", running: "#bf8700", done: "#1a7f37", error: "#cf222e" };
+
+function el(tag, attrs = {}, parent = null) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+
+function shapeFor(node, g) {
+  const { w, h } = node;
+  const fill = KIND_FILL[node.kind] || "#fff";
+  const stroke = KIND_STROKE[node.kind] || "#57606a";
+  const common = { class: "wb-shape", fill, stroke, "stroke-width": 1.4 };
+  if (node.kind === "placeholder") return el("rect", { ...common, width: w, height: h, rx: h / 2 }, g);
+  if (node.kind === "constant") return el("rect", { ...common, width: w, height: h, rx: 4, "stroke-dasharray": "2 2" }, g);
+  if (node.kind === "variable") return el("rect", { ...common, width: w, height: h, rx: 0, "stroke-width": 2 }, g);
+  if (node.kind === "scope") {
+    el("rect", { fill, stroke, width: w, height: h, rx: 6, x: 4, y: 4, opacity: 0.6 }, g);
+    return el("rect", { ...common, width: w, height: h, rx: 6 }, g);
+  }
+  return el("rect", { ...common, width: w, height: h, rx: 6 }, g);
+}
+
+function subtitle(node) {
+  if (node.kind === "scope") return `${node.members} ops · click to open`;
+  return node.shape ? `${node.type} · ${node.shape}` : node.type;
+}
+
+function clip(text, n) {
+  return text.length > n ? text.slice(0, n - 1) + "…" : text;
+}
+
+function details(node, state) {
+  const div = document.createElement("div");
+  const add = (label, value) => {
+    const p = document.createElement("div");
+    const b = document.createElement("b");
+    b.textContent = label + ": ";
+    p.appendChild(b);
+    const c = document.createElement("code");
+    c.textContent = value;
+    p.appendChild(c);
+    div.appendChild(p);
+  };
+  add("name", node.id);
+  add("type", node.type);
+  if (node.kind === "scope") add("ops", String(node.members));
+  (node.outputs || []).forEach((o, i) => add(node.outputs.length > 1 ? `output ${i}` : "output", `${o.dtype} ${o.shape}`));
+  if (node.inputs && node.inputs.length) add("inputs", node.inputs.join(", "));
+  if (node.source) add("defined at", `line ${node.source.line}: ${node.source.code}`);
+  if (state) add("state", state);
+  return div;
+}
+
+function render({ model, el: root }) {
+  root.classList.add("wb-view");
+  const title = document.createElement("div");
+  title.className = "wb-title";
+  const legend = document.createElement("div");
+  legend.className = "wb-legend";
+  for (const [kind, label] of [["placeholder", "placeholder"], ["variable", "variable"], ["constant", "constant"],
+                               ["op", "op"], ["scope", "folded scope"], ["update", "update"]]) {
+    const s = document.createElement("span");
+    s.style.setProperty("--c", KIND_FILL[kind]);
+    s.textContent = label;
+    legend.appendChild(s);
+  }
+  const wrap = document.createElement("div");
+  wrap.className = "wb-graph";
+  const canvas = document.createElement("div");
+  canvas.className = "wb-canvas";
+  const side = document.createElement("div");
+  side.className = "wb-details";
+  side.innerHTML = '<span class="wb-muted">Click a node for its dtype, shape and defining line; click a scope to open or fold it.</span>';
+  wrap.append(canvas, side);
+  root.append(title, legend, wrap);
+  let selected = null;
+  const groups = new Map();
+
+  function toggle(scope) {
+    const folded = new Set(model.get("collapsed"));
+    if (folded.has(scope)) folded.delete(scope); else folded.add(scope);
+    model.set("collapsed", [...folded].sort());
+    model.save_changes();
+  }
+
+  function paintStates() {
+    const states = model.get("states") || {};
+    for (const [id, g] of groups) {
+      const state = states[id];
+      const dot = g.querySelector(".wb-state");
+      dot.setAttribute("fill", state ? STATE_COLOR[state] : "none");
+      g.setAttribute("data-state", state || "");
+      const shape = g.querySelector(".wb-shape");
+      if (state === "error") shape.setAttribute("stroke", STATE_COLOR.error);
+      else if (state === "running") shape.setAttribute("stroke", STATE_COLOR.running);
+      else shape.setAttribute("stroke", KIND_STROKE[g.__node.kind] || "#57606a");
+    }
+    if (selected && groups.has(selected)) {
+      side.replaceChildren(details(groups.get(selected).__node, states[selected]));
+    }
+  }
+
+  function draw() {
+    const layout = model.get("layout") || {};
+    const nodes = layout.nodes || [];
+    const byId = new Map(nodes.map((n) => [n.id, n]));
+    title.textContent = `graph ${layout.name || ""} · ${nodes.length} nodes` +
+      ((layout.collapsed || []).length ? ` · folded: ${layout.collapsed.join(", ")}` : "");
+    const svg = el("svg", { width: layout.width || 0, height: layout.height || 0, class: "wb-svg",
+                            viewBox: `0 0 ${layout.width || 0} ${layout.height || 0}` });
+    const defs = el("defs", {}, svg);
+    const marker = el("marker", { id: "wb-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
+                                  markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" }, defs);
+    el("path", { d: "M 0 0 L 10 5 L 0 10 z", fill: "#8c959f" }, marker);
+    for (const box of layout.boxes || []) {
+      const g = el("g", { class: "wb-scope", "data-scope": box.scope }, svg);
+      el("rect", { class: "wb-box", x: box.x, y: box.y, width: box.w, height: box.h, rx: 8 }, g);
+      const t = el("text", { class: "wb-box-title", x: box.x + 6, y: box.y + 11 }, g);
+      t.textContent = `▾ ${box.scope}`;
+      t.addEventListener("click", () => toggle(box.scope));
+      el("title", {}, t).textContent = "fold this scope";
+    }
+    for (const e of layout.edges || []) {
+      const a = byId.get(e.source), b = byId.get(e.target);
+      if (!a || !b) continue;
+      const x1 = a.x + a.w / 2, y1 = a.y + a.h, x2 = b.x + b.w / 2, y2 = b.y;
+      const dy = Math.max((y2 - y1) / 2, 20);
+      el("path", { class: "wb-edge" + (e.control ? " wb-control" : ""), "marker-end": "url(#wb-arrow)",
+                   d: `M ${x1} ${y1} C ${x1} ${y1 + dy}, ${x2} ${y2 - dy}, ${x2} ${y2}` }, svg);
+    }
+    groups.clear();
+    for (const n of nodes) {
+      const g = el("g", { class: "wb-node", transform: `translate(${n.x},${n.y})`, "data-id": n.id, "data-kind": n.kind }, svg);
+      g.__node = n;
+      shapeFor(n, g);
+      const name = el("text", { x: 8, y: 16 }, g);
+      name.textContent = clip(n.label, 22);
+      const sub = el("text", { x: 8, y: 31, class: "wb-sub" }, g);
+      sub.textContent = clip(subtitle(n), 26);
+      el("circle", { class: "wb-state", cx: n.w - 9, cy: 9, r: 5, fill: "none" }, g);
+      const src = n.source ? `\nline ${n.source.line}: ${n.source.code}` : "";
+      el("title", {}, g).textContent = `${n.id}\n${n.type} ${n.dtype || ""} ${n.shape || ""}${src}`;
+      g.addEventListener("click", () => {
+        if (n.kind === "scope") { toggle(n.id); return; }
+        selected = n.id;
+        for (const other of groups.values()) other.classList.toggle("wb-selected", other === g);
+        paintStates();
+      });
+      if (n.id === selected) g.classList.add("wb-selected");
+      groups.set(n.id, g);
+    }
+    canvas.replaceChildren(svg);
+    paintStates();
+  }
+
+  draw();
+  model.on("change:layout", draw);
+  model.on("change:states", paintStates);
+}
+
+export default { render };

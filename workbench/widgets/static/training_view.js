@@ -1,0 +1,114 @@
+// TrainingView front end: progress bar with ETA, one small chart per curve, worker utilization.
+// Synced state: title, state (see TrainingModel.snapshot in training_view.py).
+const SVG = "http://www.w3.org/2000/svg";
+const COLORS = ["#0969da", "#cf222e", "#1a7f37", "#8250df", "#bc4c00", "#bf3989"];
+
+function el(tag, attrs = {}, parent = null) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  if (parent) parent.appendChild(e);
+  return e;
+}
+
+function fmt(v) {
+  if (v === null || v === undefined || !isFinite(v)) return "–";
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+  return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(3) : v.toFixed(4);
+}
+
+function duration(s) {
+  if (s === null || s === undefined || !isFinite(s)) return "–";
+  if (s < 60) return `${s.toFixed(s < 10 ? 1 : 0)} s`;
+  const m = Math.floor(s / 60);
+  return m < 60 ? `${m} min ${Math.round(s % 60)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
+}
+
+// A line chart of [[x, y], ...] points, 260 x 130 px, with min/max labels.
+function chart(label, points, color, steps) {
+  const W = 260, H = 130, L = 44, R = 8, T = 18, B = 18;
+  const svg = el("svg", { width: W, height: H, class: "wb-chart", "data-curve": label });
+  const t = el("text", { x: L, y: 12 }, svg);
+  const last = points.length ? points[points.length - 1][1] : null;
+  t.textContent = `${label}: ${fmt(last)}`;
+  if (!points.length) return svg;
+  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+  const x0 = Math.min(...xs), x1 = Math.max(steps || 0, ...xs);
+  let y0 = Math.min(...ys), y1 = Math.max(...ys);
+  if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
+  const sx = (x) => L + ((x - x0) / Math.max(x1 - x0, 1e-12)) * (W - L - R);
+  const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  el("line", { class: "wb-axis", x1: L, y1: H - B, x2: W - R, y2: H - B }, svg);
+  el("line", { class: "wb-axis", x1: L, y1: T, x2: L, y2: H - B }, svg);
+  el("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, svg).textContent = fmt(y1);
+  el("text", { x: L - 4, y: H - B, "text-anchor": "end" }, svg).textContent = fmt(y0);
+  el("text", { x: W - R, y: H - 4, "text-anchor": "end" }, svg).textContent = `step ${Math.round(x1)}`;
+  const d = points.map((p, i) => `${i ? "L" : "M"} ${sx(p[0]).toFixed(1)} ${sy(p[1]).toFixed(1)}`).join(" ");
+  el("path", { class: "wb-line", d, stroke: color }, svg);
+  return svg;
+}
+
+function render({ model, el: root }) {
+  root.classList.add("wb-view", "wb-training");
+  const title = document.createElement("div");
+  title.className = "wb-title";
+  const bar = document.createElement("div");
+  bar.className = "wb-progress";
+  const fill = document.createElement("div");
+  fill.className = "wb-bar";
+  const text = document.createElement("div");
+  text.className = "wb-progress-text";
+  bar.append(fill, text);
+  const charts = document.createElement("div");
+  charts.className = "wb-row";
+  charts.style.marginTop = "8px";
+  const workers = document.createElement("div");
+  workers.className = "wb-workers";
+  root.append(title, bar, charts, workers);
+
+  function draw() {
+    const s = model.get("state") || {};
+    const steps = s.steps || 0, step = s.step || 0;
+    const frac = steps ? Math.min(step / steps, 1) : 0;
+    title.textContent = `${model.get("title")} · ${s.status || "waiting"}` + (s.batch_size ? ` · batch ${s.batch_size}` : "");
+    fill.style.width = `${(100 * frac).toFixed(1)}%`;
+    bar.classList.toggle("wb-failed", s.status === "failed");
+    let line = `step ${step} / ${steps} (${Math.round(100 * frac)}%) · ${duration(s.elapsed)} elapsed`;
+    if (s.status === "running") line += ` · ETA ${duration(s.eta)}`;
+    line += ` · ${Math.round(s.samples_per_s || 0).toLocaleString("en-US")} samples/s`;
+    if (s.replicas) line += ` · ${s.replicas} replicas`;
+    if (s.dropped) line += ` · ${s.dropped} dropped`;
+    if (s.status === "failed") line += ` · failed at ${s.error}`;
+    text.textContent = line;
+    bar.setAttribute("data-status", s.status || "");
+    const children = [];
+    Object.entries(s.curves || {}).forEach(([label, pts], i) => children.push(chart(label, pts, COLORS[i % COLORS.length], steps)));
+    children.push(chart("samples/s", s.throughput || [], "#57606a", steps));
+    charts.replaceChildren(...children);
+    const util = Object.entries(s.workers || {});
+    workers.replaceChildren();
+    if (util.length) {
+      const h = document.createElement("div");
+      h.className = "wb-muted";
+      h.textContent = "worker utilization (busy time / training time)";
+      workers.appendChild(h);
+      for (const [address, u] of util) {
+        const row = document.createElement("div");
+        row.className = "wb-worker";
+        const b = document.createElement("span");
+        b.className = "wb-wbar";
+        const f = document.createElement("div");
+        f.style.width = `${(100 * u).toFixed(0)}%`;
+        b.appendChild(f);
+        row.append(b, ` ${(100 * u).toFixed(0)}%  ${address}`);
+        workers.appendChild(row);
+      }
+    }
+  }
+
+  draw();
+  model.on("change:state", draw);
+  model.on("change:title", draw);
+}
+
+export default { render };
