@@ -1,6 +1,9 @@
-"""Models and data shared by the cluster tests."""
+"""Models and data shared by the cluster tests (the ``kit`` fixture: test modules cannot import each other)."""
+
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 import workbench as wb
 
@@ -38,3 +41,8 @@ def assert_same_variables(a: dict, b: dict, rtol: float) -> None:
     assert sorted(a) == sorted(b)
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=rtol, atol=rtol * 1e-3, err_msg=name)
+
+
+@pytest.fixture(scope="session")
+def kit():
+    return SimpleNamespace(mlp=mlp, blobs=blobs, assert_same_variables=assert_same_variables)

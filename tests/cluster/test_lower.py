@@ -1,0 +1,214 @@
+"""Lowering to Dask: partitioned task graphs, readable keys, the fixed reduction tree, results like local."""
+
+import dask
+import numpy as np
+import pytest
+from dask.task_spec import Task, TaskRef
+
+import workbench as wb
+from workbench.cluster.lower import shards, step_tasks
+
+SEED = 3
+
+
+def lowered(kit, layers=2, replicas=2, steps=3, batch_size=12, **kw):
+    m = kit.mlp(layers)
+    return kit.lower_model(m, replicas=replicas, steps=steps, batch_size=batch_size, **kw), m
+
+
+@pytest.fixture(scope="module")
+def kit(kit):
+    def lower_model(m, replicas, steps, batch_size=12, **kw):
+        return wb.cluster.lower(
+            m["graph"], m["train"], kit.blobs(), batch_size=batch_size, replicas=replicas, steps=steps, **kw
+        )
+
+    kit.lower_model = lower_model
+    return kit
+
+
+def step_of(dsk, step):
+    return {k: t for k, t in dsk.items() if isinstance(t, Task) and k[0].startswith(f"mlp-step-{step}-")}
+
+
+# -- partitioned, not exploded ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3, 5])
+def test_tasks_per_step_grow_with_replicas_not_ops(kit, replicas):
+    small, m2 = lowered(kit, layers=2, replicas=replicas)
+    big, m6 = lowered(kit, layers=6, replicas=replicas)
+    assert len(m6["graph"].operations) > 2 * len(m2["graph"].operations)
+    assert small.tasks_per_step == big.tasks_per_step == 2 * replicas + 1
+    assert len(small) == len(big)
+    for step in (1, 2, 3):
+        assert len(step_of(small.dsk, step)) == 2 * replicas + 1
+
+
+def test_graph_size_is_linear_in_steps(kit):
+    one, _ = lowered(kit, steps=1)
+    four, _ = lowered(kit, steps=4)
+    assert len(four) - len(one) == 3 * one.tasks_per_step
+
+
+def test_keys_read_like_the_model(kit):
+    low, _ = lowered(kit, replicas=2, steps=3)
+    names = {k[0] for k in low.dsk if isinstance(k, tuple)}
+    for step in (1, 2, 3):
+        assert {f"mlp-step-{step}-grad-r0", f"mlp-step-{step}-grad-r1", f"mlp-step-{step}-reduce-1-0",
+                f"mlp-step-{step}-update", f"mlp-step-{step}-metrics"} <= names  # fmt: skip
+    assert "mlp-step-3-grad-r1" in names
+    assert low.state_key[0] == "mlp-step-3-update"
+    assert [k[0] for k in low.metric_keys] == ["mlp-step-1-metrics", "mlp-step-2-metrics", "mlp-step-3-metrics"]
+
+
+def test_each_lowering_has_its_own_token(kit):
+    a, _ = lowered(kit)
+    b, _ = lowered(kit)
+    assert a.state_key[0] == b.state_key[0] and a.state_key != b.state_key
+    assert not set(a.dsk) & set(b.dsk)
+
+
+def test_steps_chain_through_the_update(kit):
+    low, _ = lowered(kit, replicas=2, steps=2)
+    step2 = step_of(low.dsk, 2)
+    grad = next(t for k, t in step2.items() if k[0] == "mlp-step-2-grad-r0")
+    update1 = next(k for k in low.dsk if k[0] == "mlp-step-1-update")
+    assert update1 in grad.dependencies
+
+
+# -- the reduction tree ------------------------------------------------------------------------
+
+
+def reductions(tasks, base="mlp-step-1"):
+    """reduce key -> the (key names of the) two things it adds, in order."""
+    out = {}
+    for key, task in tasks.items():
+        if "-reduce-" in key[0]:
+            out[key[0][len(base) + 1 :]] = tuple(a.key[0][len(base) + 1 :] for a in task.args if isinstance(a, TaskRef))
+    return out
+
+
+TREES = {
+    1: {},
+    2: {"reduce-1-0": ("grad-r0", "grad-r1")},
+    3: {"reduce-1-0": ("grad-r0", "grad-r1"), "reduce-2-0": ("reduce-1-0", "grad-r2")},
+    4: {
+        "reduce-1-0": ("grad-r0", "grad-r1"),
+        "reduce-1-1": ("grad-r2", "grad-r3"),
+        "reduce-2-0": ("reduce-1-0", "reduce-1-1"),
+    },
+    5: {
+        "reduce-1-0": ("grad-r0", "grad-r1"),
+        "reduce-1-1": ("grad-r2", "grad-r3"),
+        "reduce-2-0": ("reduce-1-0", "reduce-1-1"),
+        "reduce-3-0": ("reduce-2-0", "grad-r4"),
+    },
+}
+ROOTS = {1: "grad-r0", 2: "reduce-1-0", 3: "reduce-2-0", 4: "reduce-2-0", 5: "reduce-3-0"}
+
+
+@pytest.mark.parametrize("replicas", sorted(TREES))
+def test_fixed_reduction_tree(kit, replicas):
+    low, _ = lowered(kit, replicas=replicas, steps=1)
+    tasks = step_of(low.dsk, 1)
+    assert reductions(tasks) == TREES[replicas]
+    update = next(t for k, t in tasks.items() if k[0] == "mlp-step-1-update")
+    root = [a.key[0] for a in update.args if isinstance(a, TaskRef) and a.key[0].startswith("mlp-step-1-")]
+    assert root == [f"mlp-step-1-{ROOTS[replicas]}"]
+
+
+def test_tree_is_the_same_every_time(kit):
+    a, _ = lowered(kit, replicas=5, steps=2)
+    b, _ = lowered(kit, replicas=5, steps=2)
+    for step in (1, 2):
+        base = f"mlp-step-{step}"
+        assert reductions(step_of(a.dsk, step), base) == reductions(step_of(b.dsk, step), base) == TREES[5]
+
+
+def test_shards_are_contiguous_and_cover_the_batch():
+    index = np.arange(10) * 3
+    parts = shards(index, 4)
+    assert [len(p) for p in parts] == [3, 3, 2, 2]
+    np.testing.assert_array_equal(np.concatenate(parts), index)
+
+
+def test_shard_weights_are_each_shares_of_the_batch():
+    tasks, keys = step_tasks("program", "state", ["x", "y"], np.arange(10), 4, "mlp", 1, "t")
+    weights = [tasks[k].args[3] for k in keys["grads"]]
+    assert weights == [0.3, 0.3, 0.2, 0.2]
+
+
+# -- results -----------------------------------------------------------------------------------
+
+
+def local_fit(kit, m, steps, batch_size=12):
+    sess = wb.Session(m["graph"], seed=SEED, cluster=False)
+    hist = sess.fit(m["train"], kit.blobs(), batch_size=batch_size, steps=steps, fetches=[m["loss"]])
+    return sess.variables, hist
+
+
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_dask_get_matches_a_local_fit(kit, replicas):
+    m = kit.mlp()
+    # a session's first fit draws its batches from (seed, 1)
+    low = kit.lower_model(m, replicas=replicas, steps=6, fetches=[m["loss"]], seed=SEED, batch_seed=(SEED, 1))
+    state, *metrics = dask.get(low.dsk, [low.state_key, *low.metric_keys], scheduler="sync")
+    expected, hist = local_fit(kit, m, steps=6)
+    assert state["step"] == 6
+    kit.assert_same_variables(expected, state["variables"], rtol=1e-9)
+    losses = [mt["fetches"][0] for mt in metrics]
+    np.testing.assert_allclose(losses, hist[m["loss"].name], rtol=1e-9)
+    assert [mt["shards"] for mt in metrics] == [replicas] * 6
+
+
+def test_dask_threaded_scheduler_gives_the_same_state(kit):
+    m = kit.mlp()
+    low = kit.lower_model(m, replicas=4, steps=4, seed=SEED, batch_seed=(SEED, 1))
+    sync = dask.get(low.dsk, [low.state_key])[0]
+    threaded = dask.threaded.get(low.dsk, [low.state_key])[0]
+    kit.assert_same_variables(sync["variables"], threaded["variables"], rtol=0)
+
+
+def test_starting_variables_can_be_given(kit):
+    m = kit.mlp()
+    zeros = {op.name: np.zeros(op.outputs[0].shape) for op in m["graph"].operations if op.type == "variable"}
+    low = kit.lower_model(m, replicas=2, steps=0, variables=zeros)
+    assert low.metric_keys == []
+    state = dask.get(low.dsk, [low.state_key])[0]
+    assert all(not v.any() for v in state["variables"].values())
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def test_train_must_be_an_optimizer_update(kit):
+    m = kit.mlp()
+    with pytest.raises(wb.ClusterError, match=r"not an optimizer update.*minimize\(\)"):
+        wb.cluster.TrainingProgram.from_graph(m["graph"], m["loss"])
+    with pytest.raises(wb.ClusterError, match="not an optimizer update"):
+        wb.cluster.lower(m["graph"], m["loss"], kit.blobs(), batch_size=8)
+
+
+def test_a_hand_written_update_is_refused(kit):
+    g = wb.Graph(name="manual")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2))
+        w = wb.variable("w", shape=(2,), init="zeros")
+        loss = wb.mean(wb.sum(x * w, axis=1) ** 2)
+        (grad,) = wb.gradients(loss, [w])
+        step = wb.assign_sub(w, grad * 0.1)
+    with pytest.raises(wb.ClusterError, match=r"is not an optimizer update"):
+        wb.cluster.TrainingProgram.from_graph(g, step)
+
+
+def test_missing_data_is_named(kit):
+    m = kit.mlp()
+    with pytest.raises(wb.ClusterError, match=r"lacks the placeholders \['y'\]"):
+        wb.cluster.lower(m["graph"], m["train"], {"x": kit.blobs()["x"]}, batch_size=8)
+
+
+def test_more_replicas_than_examples(kit):
+    m = kit.mlp()
+    with pytest.raises(wb.ClusterError, match="a batch of 2 examples cannot be split across 3 replicas"):
+        wb.cluster.lower(m["graph"], m["train"], kit.blobs(), batch_size=2, replicas=3)
