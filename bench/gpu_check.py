@@ -1,0 +1,515 @@
+"""One run on a GPU machine: correctness of every op and of a training step, then speed.
+
+Run from the repository root (see bench/gpu_check.sh for the exact command)::
+
+    python3 bench/gpu_check.py            # on a CUDA machine with CuPy (and PyTorch for the table)
+    python3 bench/gpu_check.py --dry-run  # anywhere: NumPy in place of CuPy, tiny sizes
+
+Part (a) checks every op with a kernel (the cases of tests/ops/test_kernels.py,
+with freshly perturbed inputs) on the GPU namespace against NumPy float64, in
+float32 and float64 with a norm-wise relative-error bound per dtype, then a
+full MLP training step (Adam, so the fused kernels run) against a float64 NumPy
+session. Part (b) times MLP and small-CNN training steps against PyTorch CUDA
+eager on the same model and batch, and measures the device's matmul and copy
+ceilings and the bandwidth of fused elementwise kernels. Exits 1 when a
+correctness check fails; the timings never fail the run, they are reported
+against the targets of issue 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import workbench as wb  # noqa: E402
+from workbench.gpu import codegen  # noqa: E402
+from workbench.ops.registry import REGISTRY  # noqa: E402
+
+BOUNDS = {"float32": 2e-5, "float64": 1e-10}  # norm-wise relative error against float64
+TARGETS = {"mlp_vs_torch_at_4096": 0.9, "fused_fraction_of_copy": 0.7}
+STARTED = time.perf_counter()
+
+
+class Env:
+    """What the check runs on: CuPy on a GPU, or NumPy in a dry run."""
+
+    def __init__(self, dry: bool):
+        self.dry = dry
+        self.session_options = {"device": "gpu", "emulate": True} if dry else {"device": "gpu"}
+        if dry:
+            self.cp, self.xp, self.name = None, np, f"NumPy {np.__version__} (dry run, no GPU)"
+        else:
+            from workbench.gpu import import_cupy
+
+            self.cp, self.xp, _ = import_cupy()
+            props = self.cp.cuda.runtime.getDeviceProperties(0)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+            self.name = f"{name}, CuPy {self.cp.__version__}, CUDA runtime {self.cp.cuda.runtime.runtimeGetVersion()}"
+        try:
+            import torch
+
+            self.torch = torch
+            self.torch_device = "cpu" if dry or not torch.cuda.is_available() else "cuda"
+        except ImportError:
+            self.torch, self.torch_device = None, None
+
+    def to_device(self, a):
+        return np.array(a) if self.dry else self.cp.asarray(a)
+
+    def to_host(self, a):
+        return np.asarray(a) if self.dry else self.cp.asnumpy(a)
+
+    def sync(self):
+        if not self.dry:
+            self.cp.cuda.Device().synchronize()
+        if self.torch_device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def time(self, fn, repeats=5, number=10) -> float:
+        """Median seconds per call of ``fn`` over ``repeats`` windows of ``number`` calls (synchronized)."""
+        fn()
+        self.sync()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            self.sync()
+            times.append((time.perf_counter() - t0) / number)
+        return statistics.median(times)
+
+
+def banner(text):
+    print(f"\n== {text} " + "=" * max(0, 70 - len(text)), flush=True)
+
+
+# -- (a) correctness ----------------------------------------------------------------------
+
+
+def load_kernel_cases():
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "ops", "test_kernels.py")
+    spec = importlib.util.spec_from_file_location("wb_kernel_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.KERNEL_CASES
+
+
+def fresh(a, rng):
+    """The same kind of input with new values: floats scaled by U(0.9, 1.1) (signs and order of size kept)."""
+    a = np.asarray(a)
+    if a.dtype.kind == "f":
+        return a * rng.uniform(0.9, 1.1, a.shape)
+    return a
+
+
+def as_dtype(a, dtype):
+    a = np.asarray(a)
+    return a.astype(dtype) if a.dtype.kind == "f" else a
+
+
+def run_op(xp, name, inputs, attrs):
+    opdef = REGISTRY[name]
+    attrs = dict(attrs)
+    if opdef.random:
+        attrs["rng"] = np.random.default_rng(7)
+    out = opdef.kernel(xp, *inputs, **attrs)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def rel_error(got, ref) -> float:
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    scale = np.linalg.norm(ref.ravel()) or 1.0
+    return float(np.linalg.norm((got - ref).ravel()) / scale)
+
+
+def typed_attrs(name, attrs, dtype):
+    """The case's attributes with float data (a constant's value, a fused program's dtypes) in ``dtype``."""
+    attrs = dict(attrs)
+    if name == "constant":
+        attrs["value"] = as_dtype(attrs["value"], dtype)
+    if name == "fused_elementwise":
+        attrs["program"] = tuple((k, r, a, dtype if d.startswith("float") else d) for k, r, a, d in attrs["program"])
+    return attrs
+
+
+def check_op_case(env, name, case, dtype, rng):
+    """None if fine, else a one-line reason."""
+    inputs = [as_dtype(fresh(a, rng), dtype) for a in case.inputs]
+    attrs, ref_attrs = typed_attrs(name, case.attrs, dtype), typed_attrs(name, case.attrs, "float64")
+    ref = run_op(np, name, [as_dtype(a, np.float64) for a in inputs], ref_attrs)
+    same_dtype = run_op(np, name, inputs, attrs)
+    got = run_op(env.xp, name, [env.to_device(a) for a in inputs], attrs)
+    for k, (g, r, s) in enumerate(zip(got, ref, same_dtype)):
+        g = env.to_host(g)
+        if g.shape != np.shape(r):
+            return f"output {k}: shape {g.shape}, expected {np.shape(r)}"
+        if g.dtype != np.asarray(s).dtype:
+            return f"output {k}: dtype {g.dtype}, NumPy gives {np.asarray(s).dtype}"
+        if g.dtype.kind in "biu":
+            if not np.array_equal(g, np.asarray(r).astype(g.dtype)):
+                return f"output {k}: {int(np.sum(g != r))} of {g.size} values differ"
+        else:
+            bound = BOUNDS.get(g.dtype.name, BOUNDS["float32"])
+            err = rel_error(g, r)
+            if not err <= bound:
+                return f"output {k}: relative error {err:.2e} > {bound:.0e}"
+    return None
+
+
+def check_every_op(env, report) -> bool:
+    banner("(a) every op with a kernel, GPU namespace against NumPy float64")
+    try:
+        cases = load_kernel_cases()
+    except Exception:  # noqa: BLE001 - report, and still run the rest
+        traceback.print_exc()
+        report["ops"] = {"error": "could not load tests/ops/test_kernels.py"}
+        return False
+    rng = np.random.default_rng(int(time.time()))
+    with_kernel = sorted(n for n, d in REGISTRY.items() if d.kernel is not None)
+    failures, rows = [], {}
+    for name in with_kernel:
+        if name not in cases:
+            failures.append(f"{name}: no sample case in tests/ops/test_kernels.py")
+            continue
+        status = []
+        for dtype in ("float32", "float64"):
+            for i, case in enumerate(cases[name]):
+                try:
+                    reason = check_op_case(env, name, case, dtype, rng)
+                except Exception as e:  # noqa: BLE001
+                    reason = f"raised {type(e).__name__}: {e}"
+                if reason is not None:
+                    failures.append(f"{name}[{i}] {dtype}: {reason}")
+                    status.append(f"{dtype}#{i} FAIL")
+        rows[name] = "ok" if not status else ", ".join(status)
+    ok = not failures
+    print(f"{len(with_kernel)} ops, {sum(len(cases.get(n, ())) for n in with_kernel)} cases x 2 dtypes: "
+          f"{'all within bounds' if ok else f'{len(failures)} FAILED'} (bounds {BOUNDS})")  # fmt: skip
+    for f in failures:
+        print("  FAIL", f)
+    report["ops"] = {"count": len(with_kernel), "failures": failures, "bounds": BOUNDS}
+    return ok
+
+
+def mlp_graph(sizes, dtype="float32", optimizer="adam", name="mlp"):
+    g = wb.Graph(name=name)
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, sizes[0]), dtype=dtype)
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = x
+        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+            w = wb.variable(f"w{i}", shape=(a, b), dtype=dtype)
+            bias = wb.variable(f"b{i}", shape=(b,), init=0.01, dtype=dtype)
+            h = wb.matmul(h, w) + bias
+            if i < len(sizes) - 2:
+                h = wb.relu(h)
+        loss = wb.mean(wb.softmax_cross_entropy(h, y), name="loss")
+        opt = wb.optimizers.Adam(1e-3) if optimizer == "adam" else wb.optimizers.SGD(0.1)
+        train = opt.minimize(loss)
+    return g, train, loss
+
+
+def check_training_step(env, report) -> bool:
+    banner("(a) MLP training steps (Adam, fused kernels) against a NumPy float64 session")
+    sizes = [64, 128, 128, 10]
+    rng = np.random.default_rng(int(time.time()) + 1)
+    X, Y = rng.normal(size=(256, sizes[0])), rng.integers(0, sizes[-1], 256)
+    g64, train64, loss64 = mlp_graph(sizes, "float64")
+    ref = wb.Session(g64, seed=3)
+    ref_losses = [ref.run([train64, loss64], {"x": X, "y": Y})[1] for _ in range(3)]
+    ok, rows = True, {}
+    for dtype in ("float32", "float64"):
+        g, train, loss = mlp_graph(sizes, dtype)
+        sess = wb.Session(g, seed=3, **env.session_options)
+        losses = [sess.run([train, loss], {"x": X.astype(dtype), "y": Y})[1] for _ in range(3)]
+        loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses))
+        weight_err = max(rel_error(sess.variables[k], v) for k, v in ref.variables.items())
+        bound = BOUNDS[dtype] * (50 if dtype == "float32" else 1e3)  # three Adam steps amplify rounding
+        passed = loss_err <= bound and weight_err <= bound
+        ok &= passed
+        (plan, _), *_ = sess._plans.values()
+        fused = sum(op.type == "fused_elementwise" for op in plan.step_ops)
+        rows[dtype] = {"loss_rel_err": loss_err, "weights_rel_err": weight_err, "bound": bound, "kernel_calls": len(plan),
+                       "fused_ops": fused, "ok": passed}  # fmt: skip
+        print(f"{dtype}: loss rel err {loss_err:.2e}, weights rel err {weight_err:.2e} (bound {bound:.0e}); "
+              f"{len(plan)} kernel calls per step, {fused} fused -> {'ok' if passed else 'FAIL'}")  # fmt: skip
+    report["training_step"] = rows
+    return ok
+
+
+def check_codegen(env, report) -> bool:
+    """Every fused program of an Adam MLP plan generates CUDA source (and compiles, on a GPU)."""
+    g, train, loss = mlp_graph([32, 64, 10], "float32")
+    sess = wb.Session(g, **env.session_options)
+    sess.run(train, {"x": np.zeros((8, 32), np.float32), "y": np.zeros(8, np.int64)})
+    (plan, _), = sess._plans.values()
+    ops_ = [op for op in plan.step_ops if op.type == "fused_elementwise"]
+    missing = [op.name for op in ops_ if codegen.kernel_source(op.attrs["program"], [t.dtype for t in op.inputs]) is None]
+    compiled = None if env.dry else sess._gpu.kernels.compiled
+    print(f"fused programs in an Adam MLP step: {len(ops_)}, without CUDA source: {missing or 'none'}"
+          + ("" if compiled is None else f", ElementwiseKernels built so far: {compiled}"))  # fmt: skip
+    report["codegen"] = {"programs": len(ops_), "without_source": missing, "compiled": compiled}
+    return not missing and (compiled is None or compiled > 0)
+
+
+# -- (b) speed ------------------------------------------------------------------------------
+
+
+def deadline_passed(limit) -> bool:
+    return time.perf_counter() - STARTED > limit
+
+
+def measure_ceilings(env, report, dry):
+    banner("(b) device ceilings")
+    rows = {}
+    n = 256 if dry else 8192
+    flops = 2 * n**3
+    xp = env.xp
+    a = env.to_device(np.random.default_rng(0).standard_normal((n, n), dtype=np.float32))
+    t = env.time(lambda: xp.matmul(a, a), repeats=3, number=3 if dry else 5)
+    rows["matmul_fp32_cupy_tflops"] = flops / t / 1e12
+    torch = env.torch
+    if torch is not None:
+        dev = env.torch_device
+        for label, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)):
+            if dev == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = tf32
+            ta = torch.randn(n, n, device=dev, dtype=dtype)
+            t = env.time(lambda: torch.matmul(ta, ta), repeats=3, number=3 if dry else 10)
+            rows[f"matmul_{label}_torch_tflops"] = flops / t / 1e12
+        if dev == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = False
+    size = (1 << 20) if dry else (1 << 28)  # floats: 1 GiB on a GPU
+    src = env.to_device(np.ones(size, np.float32))
+    dst = env.to_device(np.zeros(size, np.float32))
+
+    def copy():
+        dst[...] = src
+
+    t = env.time(copy, repeats=5, number=10)
+    rows["copy_gbps"] = 2 * src.nbytes / t / 1e9  # read + write
+    for k, v in rows.items():
+        print(f"{k:32s} {v:10.1f}")
+    report["ceilings"] = rows
+    return rows
+
+
+FUSED_CHAINS = {
+    "bias+relu": lambda x, b: wb.relu(x + b),
+    "adam moment": lambda m, g: 0.9 * m + 0.1 * g,
+    "adam step": lambda m, v: 1e-3 * m / (wb.sqrt(v) + 1e-8),
+    "8-op chain": lambda x, y: wb.tanh(wb.sigmoid(x * 1.5 - y) * 2.0 + wb.abs(y)) * 0.5 + x,
+}
+
+
+def measure_fused(env, report, copy_gbps, dry):
+    banner("(b) fused elementwise kernels: achieved bandwidth")
+    from workbench.graph.fusion import fuse_elementwise
+    from workbench.graph.plan import Plan
+
+    n = (1 << 18) if dry else (1 << 26)
+    rng = np.random.default_rng(0)
+    a = env.to_device(rng.random(n, dtype=np.float32) + 0.5)
+    b = env.to_device(rng.random(n, dtype=np.float32) + 0.5)
+    rows = {}
+    for label, chain in FUSED_CHAINS.items():
+        g = wb.Graph(name="chain")
+        with g.as_default():
+            p = wb.placeholder("a", shape=(n,))
+            q = wb.placeholder("b", shape=(n,))
+            out = chain(p, q)
+        fused = fuse_elementwise(g, keep=[out.name], supported=codegen.supports_op)
+        plans = {kind: Plan(graph, [out.name], ["a", "b"], env.xp, {}) for kind, graph in (("fused", fused), ("unfused", g))}
+        result = {}
+        for kind, plan in plans.items():
+            t = env.time(lambda: plan.run([a, b]), repeats=5, number=10)
+            result[kind] = 3 * a.nbytes / t / 1e9  # two inputs read, one output written
+        check = rel_error(env.to_host(plans["fused"].run([a, b])[0]), env.to_host(plans["unfused"].run([a, b])[0]))
+        fraction = result["fused"] / copy_gbps
+        rows[label] = {"fused_gbps": result["fused"], "unfused_gbps": result["unfused"], "fraction_of_copy": fraction,
+                       "ops": len(plans["unfused"]), "rel_err": check}  # fmt: skip
+        print(f"{label:12s} {len(plans['unfused'])} ops: fused {result['fused']:8.1f} GB/s ({fraction:5.0%} of copy), "
+              f"unfused {result['unfused']:8.1f} GB/s, fused vs unfused rel err {check:.1e}")  # fmt: skip
+    report["fused"] = rows
+    return rows
+
+
+def torch_mlp_step(env, sizes, batch):
+    torch = env.torch
+    dev = env.torch_device
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(torch.nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return model, opt
+
+
+def bench_mlp(env, report, dry, limit):
+    banner("(b) training steps/s: workbench device='gpu' against PyTorch eager (same model, batch, Adam, float32)")
+    torch = env.torch
+    sizes = [64, 128, 128, 10] if dry else [1024, 1024, 1024, 10]
+    batches = (32, 128) if dry else (512, 4096)
+    rows = []
+    for batch in batches:
+        if deadline_passed(limit):
+            print(f"batch {batch}: skipped, time is up")
+            continue
+        rng = np.random.default_rng(batch)
+        X = rng.standard_normal((batch, sizes[0]), dtype=np.float32)
+        Y = rng.integers(0, sizes[-1], batch)
+        g, train, loss = mlp_graph(sizes, "float32")
+        sess = wb.Session(g, **env.session_options)
+        dx, dy = env.to_device(X), env.to_device(Y)
+        wb_dev = 1 / env.time(lambda: sess.run(train, {"x": dx, "y": dy}), number=20)
+        wb_host = 1 / env.time(lambda: sess.run(train, {"x": X, "y": Y}), number=20)
+        row = {"model": "mlp " + "-".join(map(str, sizes)), "batch": batch, "workbench": wb_dev, "workbench_host_feeds": wb_host}
+        if torch is not None:
+            model, opt = torch_mlp_step(env, sizes, batch)
+            tx, ty = torch.from_numpy(X).to(env.torch_device), torch.from_numpy(Y).to(env.torch_device)
+            px, py = torch.from_numpy(X), torch.from_numpy(Y)
+            if env.torch_device == "cuda":
+                px, py = px.pin_memory(), py.pin_memory()
+
+            def step(x, y):
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+
+            row["torch"] = 1 / env.time(lambda: step(tx, ty), number=20)
+            row["torch_host_feeds"] = 1 / env.time(
+                lambda: step(px.to(env.torch_device, non_blocking=True), py.to(env.torch_device, non_blocking=True)), number=20
+            )
+            row["ratio"] = row["workbench"] / row["torch"]
+        rows.append(row)
+    rows += bench_cnn(env, dry, limit)
+    print(f"{'model':28s} {'batch':>6s} {'wb steps/s':>11s} {'(host feeds)':>12s} {'torch':>9s} {'(host)':>9s} {'ratio':>6s}")
+    for r in rows:
+        print(f"{r['model']:28s} {r['batch']:6d} {r['workbench']:11.1f} {r.get('workbench_host_feeds', float('nan')):12.1f} "
+              f"{r.get('torch', float('nan')):9.1f} {r.get('torch_host_feeds', float('nan')):9.1f} {r.get('ratio', float('nan')):6.2f}")  # fmt: skip
+    report["steps_per_s"] = rows
+    return rows
+
+
+def cnn_graph(channels, classes, size):
+    g = wb.Graph(name="cnn")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, channels, size, size))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = wb.relu(wb.conv2d(x, wb.variable("c1", shape=(16, channels, 3, 3), init="he_uniform"), padding="same"))
+        h = wb.max_pool2d(h, 2)
+        h = wb.relu(wb.conv2d(h, wb.variable("c2", shape=(32, 16, 3, 3), init="he_uniform"), padding="same"))
+        h = wb.max_pool2d(h, 2)
+        h = wb.reshape(h, (-1, 32 * (size // 4) ** 2))
+        logits = wb.matmul(h, wb.variable("w", shape=(32 * (size // 4) ** 2, classes))) + wb.variable("b", shape=(classes,), init="zeros")
+        loss = wb.mean(wb.softmax_cross_entropy(logits, y))
+        train = wb.optimizers.Adam(1e-3).minimize(loss)
+    return g, train
+
+
+def bench_cnn(env, dry, limit):
+    if deadline_passed(limit):
+        print("cnn: skipped, time is up")
+        return []
+    torch = env.torch
+    batch, size, channels, classes = (16, 8, 1, 10) if dry else (256, 32, 3, 10)
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((batch, channels, size, size), dtype=np.float32)
+    Y = rng.integers(0, classes, batch)
+    g, train = cnn_graph(channels, classes, size)
+    sess = wb.Session(g, **env.session_options)
+    dx, dy = env.to_device(X), env.to_device(Y)
+    row = {"model": f"cnn conv16-conv32 {size}x{size}", "batch": batch,
+           "workbench": 1 / env.time(lambda: sess.run(train, {"x": dx, "y": dy}), repeats=3, number=5)}  # fmt: skip
+    if torch is not None:
+        nn = torch.nn
+        model = nn.Sequential(
+            nn.Conv2d(channels, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(32 * (size // 4) ** 2, classes),
+        ).to(env.torch_device)  # fmt: skip
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        tx, ty = torch.from_numpy(X).to(env.torch_device), torch.from_numpy(Y).to(env.torch_device)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(tx), ty).backward()
+            opt.step()
+
+        row["torch"] = 1 / env.time(step, repeats=3, number=5)
+        row["ratio"] = row["workbench"] / row["torch"]
+    return [row]
+
+
+def verdicts(report):
+    lines = []
+    steps = [r for r in report.get("steps_per_s", []) if r["model"].startswith("mlp") and "ratio" in r]
+    if steps:
+        big = max(steps, key=lambda r: r["batch"])
+        target = TARGETS["mlp_vs_torch_at_4096"]
+        lines.append(f"MLP at batch {big['batch']}: {big['ratio']:.2f}x PyTorch eager (target >= {target}x): "
+                     f"{'met' if big['ratio'] >= target else 'NOT met'}")  # fmt: skip
+    fused = report.get("fused", {})
+    if fused:
+        worst = min(fused.values(), key=lambda r: r["fraction_of_copy"])["fraction_of_copy"]
+        target = TARGETS["fused_fraction_of_copy"]
+        lines.append(f"fused chains: worst {worst:.0%} of copy bandwidth (target >= {target:.0%}): "
+                     f"{'met' if worst >= target else 'NOT met'}")  # fmt: skip
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="NumPy in place of CuPy, tiny sizes (no GPU needed)")
+    parser.add_argument("--time-limit", type=float, default=240.0, help="skip the remaining timings after this many seconds")
+    parser.add_argument("--json", help="also write the report as JSON to this file")
+    args = parser.parse_args(argv)
+    dry = args.dry_run or os.environ.get("WB_GPU_CHECK_DRY") == "1"
+    env = Env(dry)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": env.name, "python": platform.python_version(),
+              "numpy": np.__version__, "torch": getattr(env.torch, "__version__", None), "dry_run": dry}  # fmt: skip
+    print(f"workbench GPU check, {report['date']}\ndevice: {env.name}\ntorch: {report['torch']} on {env.torch_device}")
+    ok = True
+    for check in (check_every_op, check_training_step, check_codegen):
+        try:
+            ok &= check(env, report)
+        except Exception:  # noqa: BLE001 - a crash in one check must not hide the others
+            traceback.print_exc()
+            ok = False
+    for section in ("ceilings", "fused", "mlp"):
+        try:
+            if section == "ceilings":
+                ceilings = measure_ceilings(env, report, dry)
+            elif section == "fused" and not deadline_passed(args.time_limit):
+                measure_fused(env, report, ceilings["copy_gbps"], dry)
+            elif section == "mlp":
+                bench_mlp(env, report, dry, args.time_limit)
+        except Exception:  # noqa: BLE001 - timings are reported, never fatal
+            traceback.print_exc()
+    banner("summary")
+    for line in verdicts(report):
+        print(line)
+    print(f"correctness: {'PASSED' if ok else 'FAILED'}; {time.perf_counter() - STARTED:.0f} s in all")
+    report["correct"] = ok
+    out = args.json or (os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1, default=float)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""GPU sessions on a real CUDA device (skipped without CuPy and a GPU)."""
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench.ops.fused import run_program
+from workbench.ops.registry import REGISTRY
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+try:
+    _DEVICES = cp.cuda.runtime.getDeviceCount()
+except Exception:  # noqa: BLE001 - no driver, no device
+    _DEVICES = 0
+if _DEVICES == 0:
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+
+def _mlp(dtype="float32"):
+    g = wb.Graph(name="mlp")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 20), dtype=dtype)
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = wb.relu(wb.matmul(x, wb.variable("w1", shape=(20, 32), dtype=dtype)) + wb.variable("b1", shape=(32,), init=0.1, dtype=dtype))
+        logits = wb.matmul(h, wb.variable("w2", shape=(32, 5), dtype=dtype)) + wb.variable("b2", shape=(5,), init="zeros", dtype=dtype)
+        loss = wb.mean(wb.softmax_cross_entropy(logits, y), name="loss")
+        train = wb.optimizers.Adam(0.01).minimize(loss)
+    return g, train, loss
+
+
+def _data(n=64):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 20)), rng.integers(0, 5, n)
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float64", 1e-9), ("float32", 1e-4)])
+def test_training_matches_numpy(dtype, rtol):
+    g, train, loss = _mlp(dtype)
+    X, Y = _data()
+    cpu, gpu = wb.Session(g, seed=1), wb.Session(g, seed=1, device="gpu")
+    for _ in range(5):
+        a = cpu.run([train, loss], {"x": X, "y": Y})[1]
+        b = gpu.run([train, loss], {"x": X, "y": Y})[1]
+        assert isinstance(b, np.ndarray)
+        np.testing.assert_allclose(b, a, rtol=rtol)
+    for name, value in cpu.variables.items():
+        assert isinstance(gpu._state[name], cp.ndarray)  # resident on the device
+        np.testing.assert_allclose(gpu.variables[name], value, rtol=rtol * 10, atol=rtol)
+    assert gpu._gpu.kernels.compiled > 0
+
+
+def test_device_feeds_and_device_results():
+    g, train, loss = _mlp()
+    X, Y = _data()
+    sess = wb.Session(g, device="gpu", results="device")
+    value = sess.run(loss, {"x": cp.asarray(X, dtype=cp.float32), "y": cp.asarray(Y)})
+    assert isinstance(value, cp.ndarray)
+    host = wb.Session(g).run(loss, {"x": X, "y": Y})
+    np.testing.assert_allclose(cp.asnumpy(value), host, rtol=1e-5)
+    with pytest.raises(wb.FeedError, match="placeholder 'x' expects shape"):
+        sess.run(loss, {"x": cp.zeros((4, 3), cp.float32), "y": cp.zeros(4, cp.int64)})
+
+
+def test_pinned_staging_never_mixes_batches():
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(256, 256))
+        y = wb.sum(x * 2.0, axis=1)
+    sess = wb.Session(g, device="gpu", results="device")
+    batches = [np.full((256, 256), i, np.float32) for i in range(12)]
+    outs = [sess.run(y, {x: b}) for b in batches]  # queued without waiting, buffers reused in turn
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(cp.asnumpy(out), np.full(256, 512.0 * i, np.float32))
+
+
+def test_fused_kernels_match_sequential_programs():
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(64, 33)).astype(np.float32), rng.normal(size=(33,)).astype(np.float32)
+    program = (
+        ("constant", (), (("value", 0.5),), "float32"),
+        ("multiply", (0, 2), (), "float32"),
+        ("sigmoid", (3,), (), "float32"),
+        ("maximum", (4, 1), (), "float32"),
+        ("greater", (5, 1), (), "bool"),
+        ("where", (6, 5, 0), (), "float32"),
+        ("cast", (7,), (("dtype", "float64"),), "float64"),
+    )
+    got = REGISTRY["fused_elementwise"].kernel(wb.Session(wb.Graph(), device="gpu").xp, cp.asarray(a), cp.asarray(b), program=program)
+    assert isinstance(got, cp.ndarray) and got.dtype == np.float64
+    np.testing.assert_allclose(cp.asnumpy(got), run_program(np, program, [a, b]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("pool", ["default", "managed", "none"])
+def test_memory_pools(pool):
+    g, train, loss = _mlp()
+    X, Y = _data()
+    try:
+        sess = wb.Session(g, device="gpu", memory_pool=pool, memory_limit=None if pool == "none" else 1 << 30)
+        assert np.isfinite(sess.run(loss, {"x": X, "y": Y}))
+    finally:
+        cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
+
+
+def test_missing_device_is_named():
+    with pytest.raises(wb.DeviceError, match="does not exist"):
+        wb.Session(wb.Graph(), device=f"gpu:{_DEVICES + 3}")
+    with pytest.raises(wb.DeviceError, match="memory_pool must be one of"):
+        wb.Session(wb.Graph(), device="gpu", memory_pool="huge")
+    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
