@@ -15,6 +15,7 @@ from collections import deque
 from typing import Any, Callable
 
 import numpy as np
+from dask.task_spec import List
 
 from workbench import checkpoint
 from workbench.cluster.lower import step_tasks
@@ -256,4 +257,6 @@ class _Chunks:
         first = np.searchsorted(self.offsets, rows.min(), side="right") - 1
         last = np.searchsorted(self.offsets, rows.max(), side="right") - 1
         picked = range(first, last + 1)
-        return ([int(self.offsets[i]) for i in picked], [self.futures[i] for i in picked])
+        # a dask List, so that the scheduler sees the chunks as dependencies (a Task does not
+        # look inside plain tuples and lists) and the worker gets the arrays, not their Futures
+        return List([int(self.offsets[i]) for i in picked], List(*(self.futures[i] for i in picked)))
