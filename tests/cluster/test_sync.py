@@ -147,8 +147,17 @@ def test_intermediate_sync_does_not_finish():
     c.start()
     c.step_done(1, None)
     c.step_done(2, None)
-    assert c.synced(2) == []
+    assert c.synced(2) == [Submit(3), Submit(4)]
     assert c.host_step == 2
+
+
+def test_nothing_past_a_sync_point_is_submitted_before_the_sync():
+    c = Coordinator(0, 20, window=4, sync_every=3)
+    assert submitted(c.start()) == [1, 2, 3]
+    assert submitted(c.step_done(1, None)) == []
+    c.step_done(2, None)
+    assert c.step_done(3, None) == [Record(3, None), Sync(3)]
+    assert submitted(c.synced(3)) == [4, 5, 6]
 
 
 def test_nothing_to_do_finishes_at_once():
@@ -160,9 +169,9 @@ def test_nothing_to_do_finishes_at_once():
 
 def test_failure_restarts_from_the_last_sync_with_a_new_attempt():
     d = Driver(Coordinator(0, 20, window=3, sync_every=4))
-    for _ in range(6):  # steps 1..6 done, synced at 4; 7, 8, 9 in flight
+    for _ in range(6):  # steps 1..6 done, synced at 4; 7 and 8 in flight (8 is the next sync point)
         d.finish_one()
-    assert d.c.host_step == 4 and d.pending == [7, 8, 9]
+    assert d.c.host_step == 4 and d.pending == [7, 8]
     out = d.c.failed(7, RuntimeError("worker lost"))
     assert out[0] == Restart(4, 1)
     assert submitted(out) == [5, 6, 7]  # the window refilled from the synced step
