@@ -50,9 +50,10 @@ class Env:
         if dry:
             self.cp, self.xp, self.name = None, np, f"NumPy {np.__version__} (dry run, no GPU)"
         else:
-            from workbench.gpu import import_cupy
+            from workbench.gpu import GPU, import_cupy
 
             self.cp, self.xp, _ = import_cupy()
+            self.gpu = GPU()  # registers the fused-kernel compiler, also for the plans timed directly
             props = self.cp.cuda.runtime.getDeviceProperties(0)
             name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
             self.name = f"{name}, CuPy {self.cp.__version__}, CUDA runtime {self.cp.cuda.runtime.runtimeGetVersion()}"

@@ -8,7 +8,7 @@ LOGS="${OUT:-/tmp}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$LOGS/nvidia-smi.txt"
 timeout 330 python3 bench/gpu_check.py --time-limit 200 2>&1 | tee "$LOGS/gpu_check.log"
 check=${PIPESTATUS[0]}
-timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tee "$LOGS/pytest_gpu.log"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tee "$LOGS/pytest_gpu.log"
 tests=${PIPESTATUS[0]}
 echo "gpu_check exit $check, pytest exit $tests"
 exit $(( check != 0 || tests != 0 ))
