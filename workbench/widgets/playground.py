@@ -98,7 +98,8 @@ class PlaygroundModel:
     graph, session :
         The current model and the session that trains it.
     history : list of dict
-        One record per call of :meth:`step`: ``step``, ``train_loss``, ``test_loss``.
+        One record per call of :meth:`step`: ``step``, ``train_loss``, ``test_loss``,
+        ``train_accuracy`` and ``test_accuracy``.
     """
 
     def __init__(self, **options):
@@ -316,6 +317,8 @@ class Playground(widgets.VBox):
     ----------
     size : int
         Width and height of the decision-boundary image, in pixels.
+    resolution : int
+        Grid cells along each side of the image at which the model is evaluated.
     **options
         Initial :class:`Options` (``dataset="xor"``, ``hidden=(4,)``, ...).
 
