@@ -220,7 +220,7 @@ class Session:
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
         window: int = 4,
-        sync_every: int = 10,
+        sync_every: int = 20,
         workers=None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.

@@ -58,7 +58,7 @@ class ClusterFit:
         labels: list[str],
         batch_seed,
         window: int = 4,
-        sync_every: int = 10,
+        sync_every: int = 20,
         checkpoint_dir=None,
         checkpoint_every: int | None = None,
         workers=None,
@@ -214,17 +214,20 @@ class ClusterFit:
             self.callback(record)
 
     def _sync(self, step: int) -> None:
-        state = self.updates[step].result(timeout=self.step_timeout)
+        state = self.updates.pop(step).result(timeout=self.step_timeout)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}
         self.host = (variables, step)
+        # the next steps start from this copy: the lineage ends here
+        self.state_ref = self.client.scatter([state], hash=False, workers=self.workers)[0]
         if self.checkpoint_dir is not None and (step % (self.checkpoint_every or self.sync_every) == 0 or step == self.steps):
             checkpoint.save_step(self.checkpoint_dir, variables, step)
         self.session.events.emit("synced", step=step)
 
     def _restart(self, instruction: Restart) -> None:
-        pending = [f for _, f in self.metrics] + list(self.updates.values())
-        if pending:
-            self.client.cancel(pending)
+        # Drop the old attempt's futures: the scheduler forgets what nobody wants. (Cancelling
+        # keys that other tasks still need trips an assertion in the scheduler.)
+        self.metrics.clear()
+        self.updates.clear()
         variables, step = self.host
         self.session.events.emit("restarted", step=step, attempt=instruction.attempt)
         self._scatter(variables, step)

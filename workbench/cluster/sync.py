@@ -15,6 +15,10 @@ instructions it returns:
 
 Steps finish in order (each depends on the one before), at most ``window`` of
 them are in flight, and a failure costs at most ``sync_every`` steps of work.
+A sync also cuts the task lineage: steps after it start from the copy the host
+sends back, so the scheduler never holds more than ``sync_every`` steps of
+history, however long the run. Nothing past a sync point is submitted before
+the sync is done.
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ class Coordinator:
 
     def _fill(self) -> list:
         out = []
-        while self.submitted < self.steps and self.submitted - self.done < self.window:
+        boundary = (self.host_step // self.sync_every + 1) * self.sync_every  # the next sync point
+        while self.submitted < min(self.steps, boundary) and self.submitted - self.done < self.window:
             self.submitted += 1
             out.append(Submit(self.submitted))
         return out
@@ -101,12 +106,13 @@ class Coordinator:
             out.append(Record(step, metrics))
         if step % self.sync_every == 0 or step == self.steps:
             out.append(Sync(step))
-        out.extend(self._fill())
+        else:
+            out.extend(self._fill())
         return out
 
     def synced(self, step: int) -> list:
         self.host_step = max(self.host_step, step)
-        return [Finish()] if step == self.steps else []
+        return [Finish()] if step == self.steps else self._fill()
 
     def failed(self, step: int, error: BaseException) -> list:
         self.restarts += 1
