@@ -50,7 +50,10 @@ def test_clean_data_sets_follow_their_rule():
 
 @pytest.mark.parametrize(
     "name, expected",
-    [("x1", 3.0), ("x2", -2.0), ("x1^2", 9.0), ("x2^2", 4.0), ("x1*x2", -6.0), ("sin x1", np.sin(3.0)), ("sin x2", np.sin(-2.0))],
+    [
+        ("x1", 3.0), ("x2", -2.0), ("x1^2", 9.0), ("x2^2", 4.0), ("x1*x2", -6.0),
+        ("sin x1", np.sin(3.0)), ("sin x2", np.sin(-2.0)),
+    ],  # fmt: skip
 )
 def test_each_feature(name, expected):
     out = datasets.features(np.array([[3.0, -2.0]]), [name])
@@ -290,6 +293,16 @@ def test_playground_buttons_and_controls():
     assert app.model.options.learning_rate == 0.3
     app._feature_boxes["x1*x2"].value = True
     assert app.model.options.features == ("x1", "x2", "x1*x2")
+
+
+def test_changes_from_code_show_in_the_controls():
+    app = Playground(size=60, resolution=10)
+    controls = _controls(app, "description")
+    app.set(dataset="spiral", hidden=(8, 8), features=("x1", "sin x1"), learning_rate=0.05, batch_size=40)
+    assert controls["data set"].value == "spiral" and controls["hidden units"].value == "8, 8"
+    assert [n for n, box in app._feature_boxes.items() if box.value] == ["x1", "sin x1"]
+    assert controls["learning rate"].value == 0.05 and controls["batch size"].value == 40
+    assert app.model.step_count == 0 and "color:#c00" not in app.status.value
 
 
 def test_playground_shows_bad_input_instead_of_raising():

@@ -126,7 +126,8 @@ class PlaygroundModel:
 
     def reset(self) -> None:
         """Start training again from the initial weights (the seed makes them the same)."""
-        self.session = wb.Session(self.graph, seed=self.options.seed, cluster=False)  # local, whatever %flow_cluster set
+        # cluster=False: train in this process even when %flow_cluster has set a default cluster
+        self.session = wb.Session(self.graph, seed=self.options.seed, cluster=False)
         self._batch_rng = np.random.default_rng([self.options.seed, 1])
         self._order, self._cursor = np.arange(0), 0
         self.step_count = 0
@@ -207,7 +208,8 @@ class PlaygroundModel:
     def losses(self) -> dict[str, float]:
         """Mean cross-entropy (without the penalty) and accuracy on the training and test points."""
         out = {}
-        for part, x, y in [("train", self.data.x_train, self.data.y_train), ("test", self.data.x_test, self.data.y_test)]:
+        d = self.data
+        for part, x, y in [("train", d.x_train, d.y_train), ("test", d.x_test, d.y_test)]:
             loss, acc = self.session.run([self.data_loss, self.accuracy], {self.x: self._inputs(x), self.y: y})
             out[f"{part}_loss"], out[f"{part}_accuracy"] = float(loss), float(acc)
         return out
@@ -240,7 +242,7 @@ POSITIVE = np.array([8, 119, 189], dtype=float)  # label 1, blue
 WHITE = np.array([255, 255, 255], dtype=float)
 
 
-def boundary_image(model: PlaygroundModel, size: int = 300, resolution: int = 60, show_test: bool = False) -> np.ndarray:
+def boundary_image(model: PlaygroundModel, size: int = 300, resolution: int = 60, show_test: bool = False):
     """An RGB image (uint8, size x size) of the decision boundary with the data points on it."""
     p = model.predict_grid(resolution)[..., None]
     # light tints away from 0.5, white on the boundary; colored per cell, then scaled up
@@ -282,7 +284,8 @@ def png(image: np.ndarray) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1)) + chunk(b"IEND", b"")
+    data = zlib.compress(rows.tobytes(), 1)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b"")
 
 
 def loss_svg(history: list[dict[str, float]], width: int = 300, height: int = 90, max_points: int = 300) -> str:
@@ -342,10 +345,12 @@ class Playground(widgets.VBox):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._message = ""
+        self._syncing = False  # True while the controls are set from the model's options
         self.image = widgets.Image(format="png", width=self.size, height=self.size)
         self.curves = widgets.HTML()
         self.status = widgets.HTML()
-        self.children = [self._buttons(), widgets.HBox([self._controls(), widgets.VBox([self.image, self.curves])]), self.status]
+        plots = widgets.VBox([self.image, self.curves])
+        self.children = [self._buttons(), widgets.HBox([self._controls(), plots]), self.status]
         self.add_class("wb-playground")
         self.redraw()
 
@@ -393,10 +398,13 @@ class Playground(widgets.VBox):
             self.redraw()
             return False
         self._message = ""
+        self._show_options()
         self.redraw()
         return restarted
 
     def _set_from_control(self, option: str, convert, value) -> None:
+        if self._syncing:
+            return
         try:
             value = convert(value)
         except ValueError as e:
@@ -449,9 +457,12 @@ class Playground(widgets.VBox):
     def _controls(self) -> widgets.VBox:
         o = self.model.options
         style = {"description_width": "110px"}
+        self._inputs: dict[str, widgets.ValueWidget] = {}
 
-        def control(widget, option, convert=lambda v: v):
+        def control(option, make, description, convert=lambda v: v, **kwargs):
+            widget = make(value=_shown(o, option), description=description, style=style, **kwargs)
             widget.observe(lambda change: self._set_from_control(option, convert, change["new"]), names="value")
+            self._inputs[option] = widget
             return widget
 
         self._feature_boxes = {
@@ -459,34 +470,61 @@ class Playground(widgets.VBox):
             for name in datasets.FEATURES
         }
         for box in self._feature_boxes.values():
-            box.observe(lambda _: self.set(features=[n for n, b in self._feature_boxes.items() if b.value]), names="value")
+            box.observe(lambda _: self._set_from_control("features", _checked, self._feature_boxes), names="value")
         self._show_test = widgets.Checkbox(value=False, description="show test data", style=style)
         self._show_test.observe(lambda _: self.redraw(), names="value")
+        grid = {"grid_template_columns": "repeat(4, 80px)"}
+        features = widgets.GridBox(list(self._feature_boxes.values()), layout=grid)
         rows = [
             widgets.HTML("<b>Data</b>"),
-            control(widgets.Dropdown(options=datasets.DATASETS, value=o.dataset, description="data set", style=style), "dataset"),
-            control(widgets.FloatSlider(value=o.noise, min=0, max=0.5, step=0.05, description="noise", style=style), "noise"),
-            control(widgets.FloatSlider(value=o.train_fraction, min=0.1, max=0.9, step=0.1, description="training part",
-                                        style=style), "train_fraction"),  # fmt: skip
+            control("dataset", widgets.Dropdown, "data set", options=datasets.DATASETS),
+            control("noise", widgets.FloatSlider, "noise", min=0, max=0.5, step=0.05),
+            control("train_fraction", widgets.FloatSlider, "training part", min=0.1, max=0.9, step=0.1),
             self._show_test,
             widgets.HTML("<b>Features</b>"),
-            widgets.GridBox(list(self._feature_boxes.values()), layout={"grid_template_columns": "repeat(4, 80px)"}),
+            features,
             widgets.HTML("<b>Network</b>"),
-            control(widgets.Text(value=", ".join(map(str, o.hidden)), description="hidden units", placeholder="e.g. 4, 2",
-                                 continuous_update=False, style=style), "hidden", _parse_units),  # fmt: skip
-            control(widgets.Dropdown(options=list(ACTIVATIONS), value=o.activation, description="activation", style=style),
-                    "activation"),  # fmt: skip
+            control("hidden", widgets.Text, "hidden units", _parse_units, placeholder="e.g. 4, 2",
+                    continuous_update=False),  # fmt: skip
+            control("activation", widgets.Dropdown, "activation", options=list(ACTIVATIONS)),
             widgets.HTML("<b>Training</b>"),
-            control(widgets.Dropdown(options=_choices(LEARNING_RATES, o.learning_rate), value=o.learning_rate,
-                                     description="learning rate", style=style), "learning_rate"),  # fmt: skip
-            control(widgets.Dropdown(options=REGULARIZATIONS, value=o.regularization, description="regularization",
-                                     style=style), "regularization"),  # fmt: skip
-            control(widgets.Dropdown(options=_choices(REGULARIZATION_RATES, o.regularization_rate),
-                                     value=o.regularization_rate, description="reg. rate", style=style),
-                    "regularization_rate"),  # fmt: skip
-            control(widgets.IntSlider(value=o.batch_size, min=1, max=30, description="batch size", style=style), "batch_size"),
+            control("learning_rate", widgets.Dropdown, "learning rate",
+                    options=_choices(LEARNING_RATES, o.learning_rate)),  # fmt: skip
+            control("regularization", widgets.Dropdown, "regularization", options=REGULARIZATIONS),
+            control("regularization_rate", widgets.Dropdown, "reg. rate",
+                    options=_choices(REGULARIZATION_RATES, o.regularization_rate)),  # fmt: skip
+            control("batch_size", widgets.IntSlider, "batch size", min=1, max=max(30, o.batch_size)),
         ]
         return widgets.VBox(rows, layout={"width": "360px"})
+
+    def _show_options(self) -> None:
+        """Make the controls show the model's options (after a change from code)."""
+        o = self.model.options
+        self._syncing = True
+        try:
+            for option, widget in self._inputs.items():
+                value = _shown(o, option)
+                rate = option in ("learning_rate", "regularization_rate")
+                if rate and value not in [v for _, v in widget.options]:  # a rate set from code joins the list
+                    rates = LEARNING_RATES if option == "learning_rate" else REGULARIZATION_RATES
+                    widget.options = _choices(rates, value)
+                if isinstance(widget, widgets.IntSlider):
+                    widget.max = max(widget.max, value)
+                widget.value = value
+            for name, box in self._feature_boxes.items():
+                box.value = name in o.features
+        finally:
+            self._syncing = False
+
+
+def _shown(options: Options, option: str):
+    """An option's value as its control shows it."""
+    value = getattr(options, option)
+    return ", ".join(map(str, value)) if option == "hidden" else value
+
+
+def _checked(boxes: dict[str, widgets.Checkbox]) -> list[str]:
+    return [name for name, box in boxes.items() if box.value]
 
 
 def _parse_units(text: str) -> tuple[int, ...]:
