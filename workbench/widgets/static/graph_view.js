@@ -138,7 +138,9 @@ function render({ model, el: root }) {
       if (!a || !b) continue;
       const x1 = a.x + a.w / 2, y1 = a.y + a.h, x2 = b.x + b.w / 2, y2 = b.y;
       const dy = Math.max((y2 - y1) / 2, 20);
-      el("path", { class: "wb-edge" + (e.control ? " wb-control" : ""), "marker-end": "url(#wb-arrow)",
+      // Edges into or out of a folded scope (mostly the backward pass) stay in the background.
+      const faint = a.kind === "scope" || b.kind === "scope" ? " wb-faint" : "";
+      el("path", { class: "wb-edge" + (e.control ? " wb-control" : "") + faint, "marker-end": "url(#wb-arrow)",
                    d: `M ${x1} ${y1} C ${x1} ${y1 + dy}, ${x2} ${y2 - dy}, ${x2} ${y2}` }, svg);
     }
     groups.clear();

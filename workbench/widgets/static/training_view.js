@@ -13,7 +13,8 @@ function el(tag, attrs = {}, parent = null) {
 function fmt(v) {
   if (v === null || v === undefined || !isFinite(v)) return "–";
   const a = Math.abs(v);
-  if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(2);
+  if (a >= 1e4) return new Intl.NumberFormat("en-US", { notation: "compact", maximumFractionDigits: 1 }).format(v);
+  if (a !== 0 && a < 1e-3) return v.toExponential(2);
   return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(3) : v.toFixed(4);
 }
 
