@@ -3,6 +3,13 @@
 A :class:`Plan` is made once per (fetches, feeds) and then run many times. Running
 it is a tight loop: fetch the input slots, call the kernel, store the outputs.
 There is no graph walk, no name lookup and no shape inference per step.
+
+Memory: a slot is cleared after its last use, and an op with an ``inplace``
+kernel writes into an input that the plan made, that nothing uses later and
+that no other slot shares (an intermediate is *donated*), instead of
+allocating. With ``own_state=True`` variable updates also write into the
+variable's array, so a plan never hands a variable's array out: fetched
+values that share memory with one come back as copies.
 """
 
 from __future__ import annotations
@@ -38,21 +45,25 @@ class Plan:
         Seeds random ops, together with each op's seed and the run count.
     """
 
-    def __init__(self, graph: Graph, fetches: list[str], feeds: list[str], xp, state: dict, seed: int = 0):
+    def __init__(
+        self, graph: Graph, fetches: list[str], feeds: list[str], xp, state: dict, seed: int = 0, own_state: bool = False
+    ):
         self.graph, self.xp, self.state, self.seed = graph, xp, state, seed
+        self.own_state = own_state
         self.run_count = 0
         slot_of: dict[Tensor, int] = {}
         self.template: list[Any] = []
         self.reads: list[tuple[int, str]] = []
-        self.steps: list[tuple[Callable, Callable, Any]] = []
+        self.steps: list[tuple[Callable, Callable, Any, tuple]] = []
         self.step_ops: list[Operation] = []
+        self._fresh: dict[str, Any] = {}  # variable name -> the array this plan's last update made
 
         def new_slot(t: Tensor, value=None) -> int:
             slot_of[t] = len(self.template)
             self.template.append(value)
             return slot_of[t]
 
-        feed_slots = {}
+        feed_slots, step_io = {}, []
         for op in graph.operations:
             if op.type == "placeholder":
                 feed_slots[op.name] = new_slot(op.outputs[0])
@@ -62,18 +73,27 @@ class Plan:
                 self.reads.append((new_slot(op.outputs[0]), op.name))
             elif op.opdef.kernel is not None:
                 ins = [slot_of[t] for t in op.inputs]
-                outs = [new_slot(t) for t in op.outputs]
-                get = itemgetter(*ins) if len(ins) > 1 else itemgetter(slice(ins[0], ins[0] + 1)) if ins else _nothing
-                out = outs[0] if len(outs) == 1 else tuple(outs)
-                self.steps.append((self._bind(op), get, out))
-                self.step_ops.append(op)
+                step_io.append((op, ins, [new_slot(t) for t in op.outputs]))
         self.feed_slots = [feed_slots[name] for name in feeds]
         self.fetch_slots = []
         for name in fetches:
             found = graph.get(name)
             self.fetch_slots.append(slot_of[found] if isinstance(found, Tensor) else None)
+        lifetimes = _Lifetimes(self, step_io)
+        for i, (op, ins, outs) in enumerate(step_io):
+            if len(ins) > 1:
+                get = itemgetter(*ins)
+            else:
+                get = itemgetter(slice(ins[0], ins[0] + 1)) if ins else _nothing
+            donors = lifetimes.donors(i, op, ins, outs)
+            fn = self._bind(op, lifetimes.guard(i), donors)
+            if donors or (op.opdef.stateful and op.opdef.inplace is not None and own_state):
+                get = _with_slots(get)
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            self.steps.append((fn, get, out, lifetimes.dead_after(i)))
+            self.step_ops.append(op)
 
-    def _bind(self, op: Operation) -> Callable:
+    def _bind(self, op: Operation, guard: tuple[int, ...], donors: tuple[int, ...]) -> Callable:
         opdef, xp, attrs = op.opdef, self.xp, op.attrs
         kernel = functools.partial(opdef.kernel, xp, **attrs) if attrs else functools.partial(opdef.kernel, xp)
         if opdef.random:
@@ -86,21 +106,46 @@ class Plan:
 
             return random_step
         if opdef.stateful:
-            state, name = self.state, op.inputs[0].op.name
+            return self._bind_update(op, kernel, guard)
+        if donors:
+            inplace = functools.partial(opdef.inplace, xp, **attrs)
+
+            def donating_step(slots, *args):
+                for k in donors:
+                    a = args[k]
+                    if _owned(a) and _holds_result(a, args) and not _shared(a, slots, guard):
+                        return inplace(a, *args)
+                return kernel(*args)
+
+            return donating_step
+        return kernel
+
+    def _bind_update(self, op: Operation, kernel: Callable, guard: tuple[int, ...]) -> Callable:
+        """A variable update: replaces ``state[name]``; in place when the plan owns the state,
+        the array is one this plan made, and no live slot or other variable shares it."""
+        state, name, fresh = self.state, op.inputs[0].op.name, self._fresh
+        if not (self.own_state and op.opdef.inplace is not None):
 
             def update_step(_snapshot, *args):
                 state[name] = value = kernel(state[name], *args)
                 return value
 
-            if op.type == "assign":  # its value may be a fed array the caller still owns: keep a copy
-
-                def assign_step(_snapshot, *args):
-                    state[name] = value = xp.asarray(kernel(state[name], *args), copy=True)
-                    return value
-
-                return assign_step
             return update_step
-        return kernel
+        inplace = functools.partial(op.opdef.inplace, self.xp, **op.attrs)
+
+        def inplace_update_step(slots, _snapshot, *args):
+            current = state[name]
+            if (
+                current is fresh.get(name)
+                and _holds_result(current, args)
+                and not _shared(current, slots, guard)
+                and not any(v is not current and _same_memory(v, current) for v in state.values())
+            ):  # fmt: skip
+                return inplace(current, current, *args)
+            state[name] = value = fresh[name] = kernel(current, *args)
+            return value
+
+        return inplace_update_step
 
     @property
     def variable_names(self) -> list[str]:
@@ -117,19 +162,25 @@ class Plan:
         if check_numerics:
             self._run_checked(slots)
         else:
-            for fn, get, out in self.steps:
+            for fn, get, out, dead in self.steps:
                 result = fn(*get(slots))
                 if out.__class__ is int:
                     slots[out] = result
                 else:
                     for o, r in zip(out, result):
                         slots[o] = r
+                for d in dead:
+                    slots[d] = None
         self.run_count += 1
-        return [None if s is None else slots[s] for s in self.fetch_slots]
+        values = [None if s is None else slots[s] for s in self.fetch_slots]
+        if self.own_state:  # never hand out a variable's array: later updates write into it
+            held = list(state.values())
+            values = [v if v is None or not any(_same_memory(v, h) for h in held) else _copy(self.xp, v) for v in values]
+        return values
 
     def _run_checked(self, slots: list) -> None:
         xp = self.xp
-        for (fn, get, out), op in zip(self.steps, self.step_ops):
+        for (fn, get, out, dead), op in zip(self.steps, self.step_ops):
             result = fn(*get(slots))
             results = (result,) if out.__class__ is int else tuple(result)
             for o, r, t in zip((out,) if out.__class__ is int else out, results, op.outputs):
@@ -138,6 +189,8 @@ class Plan:
                     bad = "NaN" if bool(xp.any(xp.isnan(r))) else "Inf"
                     where = f"\n  {op.source}" if op.source else ""
                     raise NumericsError(f"{op.type} {op.name!r} produced {bad} (output {t.name!r}){where}")
+            for d in dead:
+                slots[d] = None
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -148,3 +201,90 @@ class Plan:
 
 def _nothing(slots) -> tuple:
     return ()
+
+
+def _with_slots(get: Callable) -> Callable:
+    """A getter that passes the slot list first (donating and in-place steps check it)."""
+    return lambda slots: (slots, *get(slots))
+
+
+class _Lifetimes:
+    """When each slot is last used, which slots a step may overwrite and which it must not."""
+
+    def __init__(self, plan: Plan, step_io: list):
+        self.step_io = step_io
+        # arrays from outside (feeds, variables, constants) or kept (fetches, variable updates)
+        self.pinned = set(plan.feed_slots) | {s for s, _ in plan.reads} | {s for s in plan.fetch_slots if s is not None}
+        self.pinned |= {i for i, v in enumerate(plan.template) if v is not None}
+        for op, _ins, outs in step_io:
+            if op.opdef.stateful:
+                self.pinned.update(outs)
+        self.last_use: dict[int, int] = {}
+        for i, (_op, ins, _outs) in enumerate(step_io):
+            for s in ins:
+                self.last_use[s] = i
+        self.made_at = {s: i for i, (_op, _ins, outs) in enumerate(step_io) for s in outs}
+
+    def dead_after(self, i: int) -> tuple[int, ...]:
+        """Slots to clear after step ``i``: made by the plan and not needed any more."""
+        _op, ins, outs = self.step_io[i]
+        done = {s for s in (*ins, *outs) if s not in self.pinned and self.last_use.get(s, self.made_at[s]) == i}
+        return tuple(sorted(done))
+
+    def guard(self, i: int) -> tuple[int, ...]:
+        """Slots whose arrays must survive step ``i``: pinned ones and those used later."""
+        later = {s for s, last in self.last_use.items() if last > i and self.made_at.get(s, -1) < i}
+        return tuple(sorted(self.pinned | later))
+
+    def donors(self, i: int, op: Operation, ins: list[int], outs: list[int]) -> tuple[int, ...]:
+        """Input positions of step ``i`` whose arrays its in-place kernel may overwrite."""
+        if op.opdef.inplace is None or op.opdef.stateful or op.opdef.random or len(outs) != 1:
+            return ()
+        out_dtype = op.outputs[0].dtype
+        return tuple(
+            k
+            for k, s in enumerate(ins)
+            if s not in self.pinned and self.last_use[s] == i and ins.count(s) == 1 and op.inputs[k].dtype == out_dtype
+        )
+
+
+def _owned(a) -> bool:
+    """``a`` owns its memory and may be written (a view or a read-only array may not)."""
+    return getattr(a, "base", False) is None and getattr(getattr(a, "flags", None), "writeable", True)
+
+
+def _holds_result(a, args) -> bool:
+    """``a`` has the broadcast shape of ``args``, so an elementwise result fits in it."""
+    shape, ndim = a.shape, a.ndim
+    for b in args:
+        if b is a:
+            continue
+        bs = getattr(b, "shape", ())
+        if len(bs) > ndim or any(x != y and x != 1 for x, y in zip(bs[::-1], shape[::-1])):
+            return False
+    return True
+
+
+def _same_memory(v, a) -> bool:
+    """``v`` is ``a`` or a view of it (or of what ``a`` views)."""
+    root = a
+    while getattr(root, "base", None) is not None:
+        root = root.base
+    while v is not None:
+        if v is root:
+            return True
+        v = getattr(v, "base", None)
+    return False
+
+
+def _shared(a, slots: list, guard: tuple[int, ...]) -> bool:
+    """Some guarded slot holds ``a`` or a view of it."""
+    for s in guard:
+        v = slots[s]
+        if v is not None and _same_memory(v, a):
+            return True
+    return False
+
+
+def _copy(xp, v):
+    return xp.asarray(v, copy=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from workbench.errors import DTypeError, ShapeError
 from workbench.ops import rules
 from workbench.ops.registry import TensorSpec, apply, as_dtype, defop, is_float
+from workbench.ops.state import constant
 
 
 def _binary_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:
@@ -76,6 +77,23 @@ def _pow_grad(op, g):
     return ga, gb
 
 
+def _add_into(xp, out, a, b):
+    out += b if out is a else a
+    return out
+
+
+def _subtract_into(xp, out, a, b):
+    if out is not a:
+        return a - b
+    out -= b
+    return out
+
+
+def _multiply_into(xp, out, a, b):
+    out *= b if out is a else a
+    return out
+
+
 def _select_grad(op, g):
     a, b = op.inputs
     pick_a = (a >= b) if op.type == "maximum" else (a <= b)
@@ -84,13 +102,13 @@ def _select_grad(op, g):
 
 
 defop("add", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: a + b,
+      kernel=lambda xp, a, b: a + b, inplace=_add_into,
       grad=lambda op, g: (g, g))
 defop("subtract", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: a - b,
+      kernel=lambda xp, a, b: a - b, inplace=_subtract_into,
       grad=lambda op, g: (g, negative(g)))
 defop("multiply", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: a * b,
+      kernel=lambda xp, a, b: a * b, inplace=_multiply_into,
       grad=lambda op, g: (g * op.inputs[1], g * op.inputs[0]))
 defop("divide", infer=_binary_spec, elementwise=True,
       kernel=lambda xp, a, b: a / b,
@@ -195,7 +213,7 @@ def sign(x, name=None):
 
 
 def _relu_grad(op, g):
-    return (where(op.outputs[0] > 0, g, zeros_like(g)),)
+    return (where(op.outputs[0] > 0, g, constant(0, dtype=g.dtype)),)  # a scalar zero: no zeros array
 
 
 def _zero_grad(op, g):
@@ -223,7 +241,7 @@ defop("sigmoid", infer=_unary_float_spec, elementwise=True,
       kernel=lambda xp, x: 0.5 * xp.tanh(0.5 * x) + 0.5,  # tanh form: no overflow for large |x|
       grad=lambda op, g: (g * op.outputs[0] * (1 - op.outputs[0]),))
 defop("relu", infer=_unary_float_spec, elementwise=True,
-      kernel=lambda xp, x: xp.maximum(x, 0),
+      kernel=lambda xp, x: xp.maximum(x, 0), inplace=lambda xp, out, x: xp.maximum(x, 0, out=out),
       grad=_relu_grad)
 defop("abs", infer=_same_spec, elementwise=True,
       kernel=lambda xp, x: xp.abs(x),
@@ -252,8 +270,13 @@ def _where_grad(op, g):
     return None, where(c, g, zero), where(c, zero, g)
 
 
+def _where_into(xp, out, c, a, b):
+    xp.copyto(out, b if out is a else a, where=xp.logical_not(c) if out is a else c)
+    return out
+
+
 defop("where", infer=_where_spec, elementwise=True,
-      kernel=lambda xp, c, a, b: xp.where(c, a, b),
+      kernel=lambda xp, c, a, b: xp.where(c, a, b), inplace=_where_into,
       grad=_where_grad)  # fmt: skip
 
 

@@ -9,6 +9,10 @@ An op is registered once with :func:`defop`:
   ``xp`` (NumPy, CuPy, any array-API namespace), so one kernel serves every device;
 - ``grad(op, *output_grads)`` returns one gradient tensor (or ``None``) per input,
   built from the same op functions, so the backward pass is ordinary graph.
+- ``inplace(xp, out, *arrays, **attrs)``, optional, computes what ``kernel`` does
+  but writes the result into ``out``, an input the executor owns and no longer
+  needs (or, for variable updates, the variable's current value); the executor
+  only calls it when ``out`` has the result's shape and dtype.
 
 Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
 at import time. The registry knows nothing of graphs: op functions reach the graph
@@ -46,6 +50,7 @@ class OpDef:
     random: bool = False  # the kernel takes a ``rng`` keyword
     elementwise: bool = False  # output[i] depends only on inputs[i] (after broadcasting)
     variadic: bool = False  # takes any number of inputs (concat, stack, group)
+    inplace: Callable[..., Any] | None = None  # inplace(xp, out, *arrays, **attrs): kernel's result written into out
 
     @property
     def differentiable(self) -> bool:

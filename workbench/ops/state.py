@@ -162,10 +162,22 @@ def _assign_kernel(xp, current, value):
 
 
 _UPDATE = "updates a variable"
+
+
+def _add_into(xp, out, current, delta):
+    out += delta
+    return out
+
+
+def _subtract_into(xp, out, current, delta):
+    out -= delta
+    return out
+
+
 defop("assign", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
       kernel=_assign_kernel)
 defop("assign_add", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
-      kernel=lambda xp, current, delta: current + delta)
+      kernel=lambda xp, current, delta: current + delta, inplace=_add_into)
 defop("assign_sub", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
-      kernel=lambda xp, current, delta: current - delta)
+      kernel=lambda xp, current, delta: current - delta, inplace=_subtract_into)
 defop("no_op", infer=lambda: (), kernel=None, nondiff="does nothing", num_outputs=0)  # fmt: skip
