@@ -117,9 +117,15 @@ class Session:
         back as NumPy arrays, operations as ``None``, in the structure of ``fetches``.
         With ``check_numerics=True`` the run stops at the first op that makes a
         NaN or Inf, and the error names it.
+
+        Feeding dask arrays (split along the first axis) maps the run over their
+        chunks and returns dask arrays: sharded inference, lazily, on whatever
+        scheduler computes them (``sess.client.compute(...)`` on the session's cluster).
         """
         flat, unflatten = _flatten(fetches)
         names = [self._fetch_name(f) for f in flat]
+        if feed_dict and any(_is_dask(v) for v in feed_dict.values()):
+            return unflatten(self._run_sharded(names, feed_dict))
         feeds = self._check_feeds(feed_dict or {})
         plan, order = self._plan(names, feeds)
         values = plan.run([feeds[n] for n in order], check_numerics=check_numerics)
@@ -128,6 +134,28 @@ class Session:
             values = _detach(values, self._state)
         result = self._to_host if self._gpu is None else self._gpu.result
         return unflatten([None if v is None else result(v) for v in values])
+
+    def _run_sharded(self, names: list[str], feed_dict: dict) -> list:
+        from workbench.cluster.infer import run_sharded
+
+        feeds = {}
+        for key, value in feed_dict.items():
+            ph = self._placeholder(key)
+            if _is_dask(value):
+                self._feed_value(ph, np.empty((0, *value.shape[1:]), dtype=value.dtype), any_length=True)
+                feeds[ph.name] = value.astype(ph.dtype)
+            else:
+                feeds[ph.name] = self._feed_value(ph, value)
+        fetched = [self.graph.get(n) for n in names]
+        if any(isinstance(t, Operation) for t in fetched):
+            raise GraphError("operations cannot be run chunk by chunk; fetch tensors")
+        graph = optimize(self.graph, names, fed=list(feeds))
+        variables = [op.name for op in graph.operations if op.type == "variable"]
+        if _updated_variables(graph):
+            raise GraphError("a run with dask-array feeds cannot update variables; fetch tensors only")
+        self._ensure_initialized(variables)
+        values = {n: np.asarray(self._to_host(self._state[n])) for n in variables}
+        return run_sharded(self.graph, fetched, feeds, values, seed=self.seed)
 
     def _plan(self, names: list[str], feeds: dict) -> tuple[Plan, list[str]]:
         key = (tuple(names), tuple(sorted((n, v.dtype.str) for n, v in feeds.items())))
