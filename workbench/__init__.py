@@ -35,6 +35,7 @@ from workbench.graph import (
     reset_default_graph,
 )
 from workbench.ops import PUBLIC as _PUBLIC_OPS
+from workbench.cluster import scaling_study
 from workbench.session import Session
 from workbench.training import History
 
@@ -53,7 +54,7 @@ __all__ = [
     "ClusterError", "DTypeError", "DeviceError", "EventStream", "FeedError", "FormatError",
     "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation", "Session",
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
-    "name_scope", "optimizers", "reset_default_graph", *_PUBLIC_OPS,
+    "name_scope", "optimizers", "reset_default_graph", "scaling_study", "cluster", *_PUBLIC_OPS,
 ]  # fmt: skip
 
 

@@ -3,5 +3,6 @@
 from workbench.cluster.connect import close, close_default, connect, default_client, info, local_cluster, set_default
 from workbench.cluster.lower import Lowered, lower
 from workbench.cluster.program import TrainingProgram
+from workbench.cluster.scaling import ScalingStudy, scaling_study
 
-__all__ = ["Lowered", "TrainingProgram", "lower", "close", "close_default", "connect", "default_client", "info", "local_cluster", "set_default"]
+__all__ = ["Lowered", "ScalingStudy", "TrainingProgram", "lower", "scaling_study", "close", "close_default", "connect", "default_client", "info", "local_cluster", "set_default"]
