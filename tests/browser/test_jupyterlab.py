@@ -67,7 +67,16 @@ def fallback_notebook(path: pathlib.Path) -> None:
         "history = sess.fit(mlp.train, data={'x': (digits.data / 16).astype('float32'), 'y': digits.target},"
         " batch_size=64, steps=300, fetches={'loss': mlp.loss})",
     ]
-    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), path)
+    nbformat.write(new_notebook(cells), path)
+
+
+def new_notebook(sources):
+    """A notebook of code cells for the python3 kernel (so JupyterLab asks nothing)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    return nb
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +157,7 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1900})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{url}/lab/tree/{name}?token={token}", wait_until="domcontentloaded")
+            page.goto(f"{url}/lab/workspaces/quickstart/tree/{name}?reset&token={token}", wait_until="domcontentloaded")
             page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
                                    " && window.jupyterapp.shell.currentWidget.sessionContext"
                                    " && window.jupyterapp.shell.currentWidget.sessionContext.session"
@@ -224,3 +233,61 @@ def save_readme_screenshot(page) -> None:
     height = min(last["y"] + last["height"], page.viewport_size["height"]) - y0
     README_SCREENSHOT.parent.mkdir(exist_ok=True)
     page.screenshot(path=str(README_SCREENSHOT), clip={"x": x0, "y": y0, "width": min(width, 1240), "height": height})
+
+
+VIEWS_NOTEBOOK = [
+    "import workbench as wb\nfrom workbench.events import ROOT, EventStream\n"
+    "from workbench.widgets import ClusterView, GraphView",
+    # A scaling study's events: the hook installed by `import workbench` shows a ScalingView.
+    "rows = [dict(workers=n, samples_per_s=s, speedup=s / 100, efficiency=s / 100 / n)"
+    " for n, s in ((1, 100.0), (2, 185.0), (4, 330.0))]\n"
+    "ROOT.emit('scaling_started', workers=[1, 2, 4])\n"
+    "for row in rows:\n    ROOT.emit('scaling_point', **row)\n"
+    "ROOT.emit('scaling_finished', rows=rows)",
+    "ClusterView({'scheduler': 'tcp://127.0.0.1:8786', 'dashboard': 'http://127.0.0.1:8787/status',"
+    " 'workers': [{'address': 'tcp://127.0.0.1:4001', 'name': '0', 'threads': 1, 'memory': 2**31, 'gpus': 0}]})",
+    "g = wb.Graph(name='g')\nwith g.as_default():\n    x = wb.placeholder('x', shape=(None, 2))\n"
+    "    y = wb.log(wb.sum(x, axis=1))\nstream = EventStream(session=1)\nview = GraphView(g).follow(stream)\nview",
+    "stream.emit('run_started', ops=['x', 'sum', 'log'])\nstream.emit('run_failed', op='log', error='NaN')",
+]
+
+
+def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
+    chromium = ensure_chromium()
+    import nbformat
+    from playwright.sync_api import sync_playwright
+
+    url, token, root = lab
+    nbformat.write(new_notebook(VIEWS_NOTEBOOK), root / "views.ipynb")
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=chromium,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
+            page.goto(f"{url}/lab/workspaces/views/tree/views.ipynb?reset&token={token}", wait_until="domcontentloaded")
+            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
+                                   timeout=60_000)  # fmt: skip
+            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            try:
+                page.locator(".wb-graph g.wb-node[data-state='error']").wait_for(timeout=60_000)
+            finally:
+                page.screenshot(path=str(tmp_path / "views.png"))
+            graph = page.locator(".wb-graph").first
+            assert graph.locator("g.wb-node[data-state='done']").count() == 2  # x and sum ran, log failed
+            scaling = page.locator(".wb-scaling").first
+            assert "done · 3 of 3 worker counts" in scaling.locator(".wb-title").inner_text()
+            assert scaling.locator("circle.wb-point").count() == 6  # 3 throughput + 3 speedup points
+            assert "83%" in scaling.locator("table").inner_text()  # efficiency of 4 workers
+            cluster = page.locator(".wb-cluster").first
+            assert "1 workers · 1 threads · 2.0 GiB" in cluster.locator(".wb-title").inner_text()
+            assert cluster.locator("a").get_attribute("href") == "http://127.0.0.1:8787/status"
+            wait_for_last_cell(page)
+            page.screenshot(path=str(tmp_path / "views.png"))
+        finally:
+            browser.close()

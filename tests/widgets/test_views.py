@@ -88,9 +88,24 @@ def test_training_model_worker_utilization_replicas_and_dropped(clock):
     assert snap["replicas"] == 2 and snap["dropped"] == 1
 
 
+def test_a_resumed_cluster_fit_plots_only_its_metrics(clock):
+    model = TrainingModel()
+    model.handle({"kind": "fit_started", "steps": 100, "batch_size": 8, "fetches": ["loss"], "start": 60,
+                  "replicas": 2, "workers": 2}, clock())  # fmt: skip
+    clock.advance(4.0)
+    model.handle({"kind": "step", "step": 80, "time": 0.2, "samples_per_s": 40.0, "loss": 0.5, "replicas": 2,
+                  "compute_seconds": 0.1, "reduce_seconds": 0.01, "update_seconds": 0.01, "bytes_moved": 1024,
+                  "workers": {"tcp://a": 0.1, "tcp://b": 0.1}, "dropped": 0}, clock())  # fmt: skip
+    model.handle({"kind": "restarted", "step": 80, "attempt": 1}, clock())
+    snap = model.snapshot()
+    assert list(snap["curves"]) == ["loss"]
+    assert snap["eta"] == pytest.approx(4.0)  # 20 steps in 4 s since step 60; 20 to go
+    assert snap["start"] == 60 and snap["restarts"] == 1 and snap["workers"] == {"tcp://a": 0.5, "tcp://b": 0.5}
+
+
 def test_non_scalar_fetches_are_not_plotted(clock):
     model = TrainingModel()
-    model.handle({"kind": "fit_started", "steps": 1, "batch_size": 1, "fetches": ["loss", "logits"]}, clock())
+    model.handle({"kind": "fit_started", "steps": 1, "batch_size": 1, "fetches": ["loss", "logits", "nan"]}, clock())
     model.handle({"kind": "step", "step": 1, "time": 0.1, "samples_per_s": 10.0, "loss": 1.0,
                   "logits": np.zeros(3), "nan": float("nan")}, clock())  # fmt: skip
     assert list(model.snapshot()["curves"]) == ["loss"]

@@ -10,6 +10,8 @@ import traitlets
 from workbench.widgets._base import View, front_end
 
 _RESERVED = {"kind", "session", "step", "time", "samples_per_s", "replicas", "workers", "dropped"}
+# Step fields that are timings or sizes, not metrics (cluster fits report these).
+_NOT_CURVES = _RESERVED | {"compute_seconds", "reduce_seconds", "update_seconds", "bytes_moved"}
 
 
 class Series:
@@ -60,6 +62,8 @@ class TrainingModel:
         self.step_time = 0.0
         self.replicas = None
         self.dropped = 0
+        self.restarts = 0
+        self.start = 0
         self.error = ""
 
     def handle(self, event: dict[str, Any], now: float) -> bool:
@@ -71,8 +75,11 @@ class TrainingModel:
             self.steps = int(event.get("steps") or 0)
             self.batch_size = int(event.get("batch_size") or 0)
             self.labels = list(event.get("fetches") or [])
+            self.start = self.step = int(event.get("start") or 0)  # resumed from a checkpoint
         elif kind == "step":
             self._step(event, now)
+        elif kind == "restarted":
+            self.restarts += 1
         elif kind == "fit_finished":
             self.status = "done"
             self._tick(now)
@@ -92,9 +99,10 @@ class TrainingModel:
         if _finite(rate):
             self.samples_per_s = float(rate)
             self._series("samples/s").append(self.step, float(rate))
-        for label, value in event.items():
-            if label not in _RESERVED and _finite(value):
-                self._series(label).append(self.step, float(value))
+        labels = self.labels or [k for k in event if k not in _NOT_CURVES]
+        for label in labels:
+            if _finite(event.get(label)):
+                self._series(label).append(self.step, float(event[label]))
         if isinstance(event.get("workers"), dict):
             self.step_time += float(event.get("time") or 0.0)
             for worker, seconds in event["workers"].items():
@@ -114,9 +122,10 @@ class TrainingModel:
     @property
     def eta(self) -> float | None:
         """Seconds left at the mean pace so far (None before the first step or after the end)."""
-        if self.status != "running" or self.step == 0 or not self.steps:
+        done = self.step - self.start
+        if self.status != "running" or done <= 0 or not self.steps:
             return None
-        return self.elapsed / self.step * max(self.steps - self.step, 0)
+        return self.elapsed / done * max(self.steps - self.step, 0)
 
     def utilization(self) -> dict[str, float]:
         """Each worker's busy time as a fraction of the training time so far."""
@@ -130,7 +139,8 @@ class TrainingModel:
             "status": self.status, "steps": self.steps, "step": self.step, "batch_size": self.batch_size,
             "elapsed": self.elapsed, "eta": self.eta, "samples_per_s": self.samples_per_s,
             "curves": curves, "throughput": self.series["samples/s"].view() if "samples/s" in self.series else [],
-            "workers": self.utilization(), "replicas": self.replicas, "dropped": self.dropped, "error": self.error,
+            "workers": self.utilization(), "replicas": self.replicas, "dropped": self.dropped, "restarts": self.restarts, "start": self.start,
+            "error": self.error,
         }  # fmt: skip
 
 

@@ -79,6 +79,8 @@ function render({ model, el: root }) {
     line += ` · ${Math.round(s.samples_per_s || 0).toLocaleString("en-US")} samples/s`;
     if (s.replicas) line += ` · ${s.replicas} replicas`;
     if (s.dropped) line += ` · ${s.dropped} dropped`;
+    if (s.restarts) line += ` · ${s.restarts} restarts`;
+    if (s.start) line += ` · resumed at step ${s.start}`;
     if (s.status === "failed") line += ` · failed at ${s.error}`;
     text.textContent = line;
     bar.setAttribute("data-status", s.status || "");
