@@ -15,6 +15,7 @@ or ``dask.config.set({"workbench.cluster.address": ...})``. Keys (all optional):
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -111,9 +112,13 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
     try:
         return Client(cluster, security=security, timeout=seconds, set_as_default=False)
     except OSError as e:  # includes TimeoutError and connection refusals
-        raise ClusterError(f"cannot reach the Dask scheduler at {cluster} within {seconds:g} s: {e}") from None
-    except ValueError as e:  # e.g. tls:// without certificates
-        raise ClusterError(f"cannot connect to {cluster}: {e}") from None
+        error = ClusterError(f"cannot reach the Dask scheduler at {cluster} within {seconds:g} s: {e}")
+    except (ValueError, TypeError) as e:  # e.g. tls:// without certificates (a TypeError in distributed)
+        error = ClusterError(f"cannot connect to {cluster}: {e}")
+    # The client that failed to start closes itself when collected. Collect it now: collected
+    # later, inside another client's start, its close waits on that start's lock for a minute.
+    gc.collect()
+    raise error
 
 
 def info(client) -> dict:
@@ -145,8 +150,12 @@ def _takes_n_workers(client) -> bool:
 _default: dict[str, Any] = {"client": None, "owned": False}
 
 
-def set_default(cluster: Any = "local", **kwargs):
-    """Make ``cluster`` the default of sessions created with ``cluster="default"``; returns the client."""
+def set_default(cluster: Any = None, **kwargs):
+    """Make ``cluster`` the default of sessions created without one (``cluster=None``); returns the client.
+
+    ``cluster`` is as for :func:`connect`: None means the configured ``workbench.cluster.address``
+    (``"local"`` unless configured).
+    """
     close_default()
     client = connect(cluster, **kwargs)
     _default.update(client=client, owned=not _is_client(cluster))
