@@ -1,0 +1,314 @@
+"""Reaching clusters: `dask scheduler`/`dask worker` processes, TLS, unreachable addresses, configuration."""
+
+import datetime
+import ipaddress
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+
+import workbench as wb
+
+DASK = str(Path(sys.executable).with_name("dask"))
+SEED = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Processes started by a test, each stopped by its pid at teardown."""
+
+    def __init__(self, logs: Path):
+        self.logs, self.started = logs, []
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        log = open(self.logs / f"{name}.log", "wb")
+        proc = subprocess.Popen([DASK, *args], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.logs)
+        log.close()
+        self.started.append(proc)
+        return proc
+
+    def scheduler(self, *tls: str) -> str:
+        protocol = "tls" if tls else "tcp"
+        port = free_port()
+        self.start("scheduler", "scheduler", "--protocol", protocol, "--host", "127.0.0.1", "--port", str(port),
+                   "--no-dashboard", *tls)  # fmt: skip
+        return f"{protocol}://127.0.0.1:{port}"
+
+    def worker(self, address: str, name: str, *tls: str) -> None:
+        self.start(name, "worker", address, "--name", name, "--host", "127.0.0.1", "--nthreads", "1",
+                   "--no-nanny", "--no-dashboard", "--death-timeout", "60", *tls)  # fmt: skip
+
+    def stop(self) -> None:
+        """Workers first, one at a time (a TLS worker told to stop while its scheduler goes down
+        can linger), then the scheduler; SIGKILL for any that outlives its grace period."""
+        for proc in reversed(self.started):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def log(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.logs.glob("*.log")))
+
+
+def connect_when_up(address: str, processes: Processes, workers: int, **kw):
+    try:
+        client = wb.cluster.connect(address, timeout=30, **kw)
+        client.wait_for_workers(workers, timeout=60)
+    except Exception as e:  # noqa: BLE001 - show the processes' own logs
+        raise AssertionError(f"cluster at {address} did not come up: {e}\n{processes.log()}") from e
+    return client
+
+
+def local_and_remote(kit, client):
+    m = kit.mlp()
+    data = kit.blobs()
+    local = wb.Session(m["graph"], seed=SEED, cluster=False)
+    local.fit(m["train"], data, batch_size=12, steps=5)
+    remote = wb.Session(m["graph"], seed=SEED, cluster=client)
+    hist = remote.fit(m["train"], data, batch_size=12, steps=5, replicas=2)
+    return local.variables, remote.variables, hist
+
+
+# -- a scheduler and workers started with the dask commands -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cli_cluster(tmp_path_factory):
+    processes = Processes(tmp_path_factory.mktemp("cli"))
+    try:
+        address = processes.scheduler()
+        for i in range(2):
+            processes.worker(address, f"w{i}")
+        client = connect_when_up(address, processes, workers=2)
+        try:
+            yield address, client
+        finally:
+            client.close()
+    finally:
+        processes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_dask_cli_cluster_trains_like_local(kit, cli_cluster):
+    address, client = cli_cluster
+    assert sorted(w["name"] for w in wb.cluster.info(client)["workers"]) == ["w0", "w1"]
+    with wb.Session(kit.mlp()["graph"], cluster=address) as sess:  # an address: the session's own client
+        assert sess.client is not client and sess.client.scheduler.address == address
+    assert sess.client is None
+    expected, got, hist = local_and_remote(kit, client)
+    kit.assert_same_variables(expected, got, rtol=1e-9)
+    assert all(len(r["workers"]) == 2 for r in hist.records)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_configured_address_is_the_default(kit, cli_cluster):
+    address, _ = cli_cluster
+    m = kit.mlp()
+    with dask.config.set({"workbench.cluster.address": address}):
+        client = wb.cluster.connect(None)
+        try:
+            assert client.scheduler.address == address
+        finally:
+            client.close()
+        default = wb.cluster.set_default()  # no argument: the configured address
+    try:
+        assert default.scheduler.address == address
+        sess = wb.Session(m["graph"], seed=SEED)  # cluster=None: the default cluster
+        assert sess.client is default
+        hist = sess.fit(m["train"], kit.blobs(), batch_size=12, steps=3)
+        assert hist["replicas"].tolist() == [2, 2, 2]
+        sess.close()
+        assert not default.status == "closed"  # a session never closes the default client
+    finally:
+        wb.cluster.close_default()
+    assert wb.cluster.default_client() is None
+    assert wb.Session(m["graph"]).client is None  # no default: local
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_set_default_with_an_address(kit, cli_cluster):
+    address, _ = cli_cluster
+    client = wb.cluster.set_default(address)
+    try:
+        assert wb.cluster.default_client() is client
+        assert wb.Session(kit.mlp()["graph"]).client is client
+    finally:
+        wb.cluster.close_default()
+    assert client.status == "closed"
+
+
+# -- TLS ---------------------------------------------------------------------------------------
+
+
+def make_certificates(directory: Path) -> dict:
+    """A CA and one certificate it signed for 127.0.0.1, as PEM files."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn):
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def certificate(subject, key, issuer, issuer_key, ca):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name(subject))
+            .issuer_name(name(issuer))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+                critical=False,
+            ).add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+            )
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = certificate("workbench test CA", ca_key, "workbench test CA", ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = certificate("127.0.0.1", key, "workbench test CA", ca_key, ca=False)
+    paths = {"ca": directory / "ca.pem", "cert": directory / "node.pem", "key": directory / "node.key"}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return {k: str(v) for k, v in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory):
+    from distributed import Security
+
+    directory = tmp_path_factory.mktemp("tls")
+    certs = make_certificates(directory)
+    tls = ("--tls-ca-file", certs["ca"], "--tls-cert", certs["cert"], "--tls-key", certs["key"])
+    security = Security(
+        tls_ca_file=certs["ca"], tls_client_cert=certs["cert"], tls_client_key=certs["key"], require_encryption=True
+    )
+    processes = Processes(directory)
+    try:
+        address = processes.scheduler(*tls)
+        for i in range(2):
+            processes.worker(address, f"tls{i}", *tls)
+        client = connect_when_up(address, processes, workers=2, security=security)
+        try:
+            yield address, security, client
+        finally:
+            client.close()
+    finally:
+        processes.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_tls_cluster_with_certificates_trains(kit, tls_cluster):
+    address, security, client = tls_cluster
+    assert address.startswith("tls://")
+    assert all(w["address"].startswith("tls://") for w in wb.cluster.info(client)["workers"])
+    expected, got, _ = local_and_remote(kit, client)
+    kit.assert_same_variables(expected, got, rtol=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_tls_cluster_without_certificates_is_a_cluster_error(tls_cluster):
+    address, _, _ = tls_cluster
+    started = time.perf_counter()
+    with pytest.raises(wb.ClusterError, match=r"127\.0\.0\.1"):
+        wb.cluster.connect(address, timeout=3)
+    assert time.perf_counter() - started < 3 + 10
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_plain_tcp_to_a_tls_scheduler_is_a_cluster_error(tls_cluster):
+    address, _, _ = tls_cluster
+    started = time.perf_counter()
+    with pytest.raises(wb.ClusterError, match="cannot reach the Dask scheduler"):
+        wb.cluster.connect(address.replace("tls://", "tcp://"), timeout=2)
+    assert time.perf_counter() - started < 2 + 10
+
+
+# -- addresses that do not work --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timeout", [1, "2s"])
+def test_unreachable_address_fails_within_the_timeout(timeout):
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    seconds = dask.utils.parse_timedelta(timeout)
+    started = time.perf_counter()
+    with pytest.raises(wb.ClusterError, match=rf"cannot reach the Dask scheduler at {address} within {seconds:g} s"):
+        wb.cluster.connect(address, timeout=timeout)
+    assert time.perf_counter() - started < seconds + 10
+
+
+@pytest.mark.timeout(60)
+def test_configured_timeout_is_used():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    started = time.perf_counter()
+    with dask.config.set({"workbench.cluster.timeout": "1s"}):
+        with pytest.raises(wb.ClusterError, match="within 1 s"):
+            wb.Session(wb.Graph(), cluster=address)
+    assert time.perf_counter() - started < 1 + 10
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:8786", "localhost", "scheduler.example.org:8786"])
+def test_address_without_protocol(address):
+    with pytest.raises(wb.ClusterError, match=rf"needs a protocol, e.g. 'tcp://{address}'"):
+        wb.cluster.connect(address)
+
+
+@pytest.mark.parametrize("cluster", [42, 3.5, ["tcp://127.0.0.1:8786"]])
+def test_not_a_cluster(cluster):
+    with pytest.raises(wb.ClusterError, match="cannot use .* as a cluster"):
+        wb.cluster.connect(cluster)
+
+
+def test_configured_address_without_protocol_is_a_cluster_error():
+    with dask.config.set({"workbench.cluster.address": "127.0.0.1:1"}):
+        with pytest.raises(wb.ClusterError, match="needs a protocol"):
+            wb.cluster.connect(None)
+
+
+def test_replicas_need_a_cluster(kit):
+    m = kit.mlp()
+    with pytest.raises(wb.ClusterError, match="replicas=2 needs a cluster"):
+        wb.Session(m["graph"], cluster=False).fit(m["train"], kit.blobs(), batch_size=8, steps=1, replicas=2)
+
+
+def test_values_are_numpy_after_a_local_fit(kit):
+    m = kit.mlp()
+    sess = wb.Session(m["graph"], cluster=False)
+    sess.fit(m["train"], kit.blobs(), batch_size=8, steps=1)
+    assert all(isinstance(v, np.ndarray) for v in sess.variables.values())
