@@ -4,65 +4,27 @@ The kernel is this test run's Python (a kernelspec written to a temporary
 folder), so it sees the same installation of workbench as the tests.
 """
 
-import importlib.util
-import inspect
 import json
 import os
 import sys
 from pathlib import Path
 
+import nbclient
+import nbformat
 import pytest
-
-import workbench as wb
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 KERNEL = "workbench-test-python"
 CELL_TIMEOUT = 60  # seconds for any one cell; the whole notebook is bounded by pytest's timeout
 STARTUP_TIMEOUT = 60
-
-
-def _missing_magics():
-    if importlib.util.find_spec("workbench.magics") is None:
-        return "the %%flow and %flow_cluster magics (workbench.magics) are not there yet"
-    return None
-
-
-def _missing_cluster_training():
-    if "replicas" not in inspect.signature(wb.Session.fit).parameters:
-        return "distributed training (Session(cluster=...), fit(replicas=...)) is not there yet"
-    return None
-
-
-def _missing_scaling_study():
-    if not hasattr(wb, "scaling_study"):
-        return "wb.scaling_study is not there yet"
-    return None
-
-
-# What each notebook needs beyond the graph core; a missing piece makes its run an expected failure.
-NEEDS = {
-    "quickstart.ipynb": [_missing_magics],
-    "distributed.ipynb": [_missing_magics, _missing_cluster_training],
-    "scaling.ipynb": [_missing_magics, _missing_scaling_study],
-    "playground.ipynb": [],
-}
-
-
-def _params():
-    for name, needs in NEEDS.items():
-        reasons = [r for r in (need() for need in needs) if r]
-        marks = [pytest.mark.xfail(reason="; ".join(reasons), strict=False)] if reasons else []
-        yield pytest.param(name, marks=marks, id=name.removesuffix(".ipynb"))
+NOTEBOOK_NAMES = ["quickstart.ipynb", "distributed.ipynb", "scaling.ipynb", "playground.ipynb"]
 
 
 def test_every_notebook_is_listed():
-    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(NEEDS)
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(NOTEBOOK_NAMES)
 
 
-@pytest.mark.parametrize("name", sorted(NEEDS))
+@pytest.mark.parametrize("name", sorted(NOTEBOOK_NAMES))
 def test_notebooks_are_valid_and_stored_without_outputs(name):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
@@ -98,7 +60,7 @@ def kernel_env(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("name", list(_params()))
+@pytest.mark.parametrize("name", NOTEBOOK_NAMES)
 def test_notebook_runs_without_error(name, kernel_env, tmp_path):
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     client = nbclient.NotebookClient(
