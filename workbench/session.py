@@ -250,6 +250,7 @@ class Session:
         window: int = 4,
         sync_every: int = 20,
         workers=None,
+        backup_replicas: int = 0,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -274,6 +275,10 @@ class Session:
         checkpoint_dir, checkpoint_every : optional
             Write the variables every ``checkpoint_every`` steps (atomically) and
             resume from the newest checkpoint there when fit starts again.
+        backup_replicas : int
+            On a cluster: run this many extra shard computations per step and apply
+            the first ``replicas`` to finish (Chen et al. 2016). Tolerates stragglers
+            but gives up exact reproducibility; records count the dropped gradients.
         window, sync_every, workers :
             Cluster tuning: steps in flight, steps between copies of the variables
             to the client (a lost worker costs at most that many), workers to use.
@@ -304,6 +309,7 @@ class Session:
                 self, self.client, self.graph.get(self._fetch_name(train)), arrays, batch_size, steps, replicas,
                 fetch_names, labels, batch_seed, window=window, sync_every=sync_every,
                 checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, workers=workers, callback=callback,
+                backup_replicas=backup_replicas,
             )  # fmt: skip
             return run.run()
         if replicas not in (None, 1):

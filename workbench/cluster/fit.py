@@ -9,6 +9,7 @@ a lost worker costs and keeps the task lineage short.
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import time
 import uuid
 from collections import deque
@@ -18,7 +19,9 @@ import numpy as np
 from dask.task_spec import List
 
 from workbench import checkpoint
-from workbench.cluster.lower import step_tasks
+from dask.task_spec import TaskRef
+
+from workbench.cluster.lower import combine_tasks, replica_tasks
 from workbench.cluster.program import TrainingProgram, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
@@ -64,6 +67,7 @@ class ClusterFit:
         workers=None,
         callback: Callable[[dict], Any] | None = None,
         step_timeout: float = 300.0,
+        backup_replicas: int = 0,
     ):
         self.session, self.client, self.graph = session, client, session.graph
         self.batch_size, self.steps, self.replicas = batch_size, steps, replicas
@@ -71,6 +75,9 @@ class ClusterFit:
         self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, checkpoint_every
         self.workers, self.callback, self.step_timeout = workers, callback, step_timeout
         self.sync_every = min(sync_every, checkpoint_every) if checkpoint_every else sync_every
+        self.backups = int(backup_replicas)
+        if self.backups < 0:
+            raise ClusterError(f"backup_replicas must be 0 or more, got {backup_replicas}")
         self.program = TrainingProgram.from_graph(self.graph, train, fetches, seed=session.seed)
         missing = set(self.program.feeds) - set(data)
         if missing:
@@ -107,7 +114,6 @@ class ClusterFit:
                 self.sources[name] = _Whole(future)
         self.updates: dict[int, Any] = {}
         self.metrics: deque = deque()
-        self.index_of = {}
         self.state_bytes = int(sum(np.asarray(v).nbytes for v in variables.values()))
         self.worker_list = list(self.workers or sorted(client.scheduler_info().get("workers", {}))) or [None]
 
@@ -164,11 +170,9 @@ class ClusterFit:
         return self.history
 
     def _batch(self, step: int) -> np.ndarray:
-        found = self.index_of.pop(step, None)
-        if found is None:
-            stream = batch_indices(self.num_examples, self.batch_size, self.steps, self.batch_seed, start=step - 1)
-            found = next(stream)
-        return found
+        # backup replicas get shards of their own: the step draws their rows too
+        size = self.batch_size + self.backups * (self.batch_size // self.replicas)
+        return next(batch_indices(self.num_examples, size, self.steps, self.batch_seed, start=step - 1))
 
     def _submit(self, step: int) -> None:
         index = self._batch(step)
@@ -178,18 +182,41 @@ class ClusterFit:
         def data(rows):  # each replica gets only the chunks its rows live in
             return [source.select(rows) for source in sources]
 
-        tasks, keys = step_tasks(self.program_ref, previous, data, index, self.replicas, self.graph.name, step, self.token)
+        shards_ = self.replicas + self.backups
+        weight = (lambda part: len(part) / len(index)) if not self.backups else (lambda part: 1.0 / self.replicas)
+        tasks, keys = replica_tasks(self.program_ref, previous, data, index, shards_, weight, self.graph.name, step, self.token)
         # replica i prefers worker i (mod the count): the scheduler alone would put every
         # replica next to the variables, on one worker
-        held = []
+        replicas = []
         for i, key in enumerate(keys["grads"]):
             preferred = [self.worker_list[i % len(self.worker_list)]]
-            task = {key: tasks.pop(key)}
-            held += self.client.get(task, [key], sync=False, workers=preferred, allow_other_workers=True)
-        metrics, update = self.client.get(tasks, [keys["metrics"], keys["update"]], sync=False, workers=self.workers)
-        del held  # the scheduler keeps them for the reduction
+            replicas += self.client.get({key: tasks[key]}, [key], sync=False, workers=preferred, allow_other_workers=True)
+        if self.backups:
+            replicas = self._first_to_finish(replicas)
+        combine = combine_tasks(self.program_ref, previous, [TaskRef(f.key) for f in replicas], keys, self.token)
+        metrics, update = self.client.get(combine, [keys["metrics"], keys["update"]], sync=False, workers=self.workers)
         self.updates[step] = update
         self.metrics.append((step, metrics))
+
+    def _first_to_finish(self, replicas: list) -> list:
+        """Backup replicas (Chen et al. 2016): the first ``self.replicas`` to finish, in replica order.
+
+        The client waits for them (one round trip per step), the rest are dropped.
+        """
+        finished: queue.Queue = queue.Queue()
+        for future in replicas:
+            future.add_done_callback(finished.put)
+        order = {f.key: i for i, f in enumerate(replicas)}
+        chosen, failed = [], 0
+        while len(chosen) < self.replicas:
+            future = finished.get(timeout=self.step_timeout)
+            if future.status == "finished":
+                chosen.append(future)
+            else:
+                failed += 1
+                if failed > self.backups:
+                    raise concurrent.futures.CancelledError(f"{failed} of {len(replicas)} replicas failed")
+        return sorted(chosen, key=lambda f: order[f.key])
 
     def _record(self, step: int, metrics: dict) -> None:
         now = time.perf_counter()
@@ -206,7 +233,7 @@ class ClusterFit:
             "update_seconds": metrics["update_seconds"],
             "workers": compute,
             "bytes_moved": (self.replicas - 1) * 2 * self.state_bytes,
-            "dropped": 0,
+            "dropped": self.backups,
         }
         self.history.append(record)
         self.session.events.emit("step", **record)

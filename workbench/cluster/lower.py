@@ -55,10 +55,43 @@ def step_keys(name: str, step: int, replicas: int, token: str) -> dict[str, Any]
     }
 
 
+def replica_tasks(program, state, data, index: np.ndarray, shards_: int, weight, name: str, step: int, token: str):
+    """The replica tasks of one step: one per shard, each the forward and backward pass of its rows.
+
+    ``weight(part)`` scales a shard's gradient (its share of the global batch).
+    """
+    keys = step_keys(name, step, shards_, token)
+    tasks = {}
+    for key, part in zip(keys["grads"], shards(index, shards_)):
+        sources = data(part) if callable(data) else data
+        tasks[key] = Task(key, replica_gradients, program, state, part, weight(part), *sources)
+    return tasks, keys
+
+
+def combine_tasks(program, state, replicas: list, keys: dict, token: str) -> dict:
+    """The fixed-order reduction tree over ``replicas`` (refs, in replica order), the update and the metrics."""
+    tasks: dict = {}
+    level, depth = list(replicas), 0
+    while len(level) > 1:  # fixed pairwise tree: (r0 + r1) + (r2 + r3) ...
+        depth += 1
+        nxt = []
+        for j in range(0, len(level) - 1, 2):
+            key = (f"{keys['base']}-reduce-{depth}-{j // 2}", token)
+            tasks[key] = Task(key, reduce_pair, level[j], level[j + 1])
+            nxt.append(TaskRef(key))
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    root = level[0]
+    tasks[keys["update"]] = Task(keys["update"], apply_update, program, state, root)
+    tasks[keys["metrics"]] = Task(keys["metrics"], step_metrics, root, TaskRef(keys["update"]))
+    return tasks
+
+
 def step_tasks(
     program: Any,
     state: Any,
-    data: dict,
+    data,
     index: np.ndarray,
     replicas: int,
     name: str,
@@ -75,29 +108,9 @@ def step_tasks(
     mean loss: exact when the loss is a mean over the batch, plus terms that do
     not depend on it (the usual case).
     """
-    keys = step_keys(name, step, replicas, token)
-    tasks: dict = {}
-    parts = shards(index, replicas)
     total = len(index)
-    level = []
-    for key, part in zip(keys["grads"], parts):
-        sources = data(part) if callable(data) else data
-        tasks[key] = Task(key, replica_gradients, program, state, part, len(part) / total, *sources)
-        level.append(TaskRef(key))
-    depth = 0
-    while len(level) > 1:  # fixed pairwise tree: (r0 + r1) + (r2 + r3) ...
-        depth += 1
-        nxt = []
-        for j in range(0, len(level) - 1, 2):
-            key = (f"{keys['base']}-reduce-{depth}-{j // 2}", token)
-            tasks[key] = Task(key, reduce_pair, level[j], level[j + 1])
-            nxt.append(TaskRef(key))
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    root = level[0]
-    tasks[keys["update"]] = Task(keys["update"], apply_update, program, state, root)
-    tasks[keys["metrics"]] = Task(keys["metrics"], step_metrics, root, TaskRef(keys["update"]))
+    tasks, keys = replica_tasks(program, state, data, index, replicas, lambda part: len(part) / total, name, step, token)
+    tasks.update(combine_tasks(program, state, [TaskRef(k) for k in keys["grads"]], keys, token))
     return tasks, keys
 
 
