@@ -136,6 +136,7 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "tanh": lambda r: [Case(wb.tanh, (normal(r, 3, 4),))],
     "sigmoid": lambda r: [Case(wb.sigmoid, (normal(r, 3, 4) * 3,))],
     "relu": lambda r: [Case(wb.relu, (away_from_zero(r, 3, 4),))],
+    "relu_grad": lambda r: [Case(lambda g, y: wb.ops.math.relu_grad(g, y), (r.normal(size=(3, 4)), away_from_zero(r, 3, 4)))],
     "abs": lambda r: [Case(wb.abs, (away_from_zero(r, 3, 4),))],
     "sign": lambda r: [Case(lambda x: wb.sign(x) * x, (away_from_zero(r, 3, 4),))],
     "where": lambda r: [Case(wb.where, (r.random((3, 4)) < 0.5, normal(r, 3, 4), normal(r, 4))),
@@ -335,7 +336,7 @@ def test_gradient_matches_finite_differences(name, i, case):
 
 SECOND_ORDER = (
     "add", "subtract", "multiply", "divide", "pow", "maximum", "minimum", "negative", "exp", "log", "sqrt", "tanh",
-    "sigmoid", "relu", "abs", "where", "cast", "identity", "matmul", "sum", "mean", "max", "unreduce",
+    "sigmoid", "relu", "relu_grad", "abs", "where", "cast", "identity", "matmul", "sum", "mean", "max", "unreduce",
     "reduce_to_like", "broadcast_like", "softmax", "log_softmax", "reshape", "transpose", "expand_dims", "stack",
     "getitem", "getitem_grad", "gather", "gather_grad", "conv2d", "conv2d_input_grad", "conv2d_filter_grad",
 )  # fmt: skip

@@ -232,6 +232,8 @@ KERNEL_CASES: dict[str, list[KCase]] = {
     "sigmoid": [K([normal(3, 4) * 3], stable_sigmoid), K([np.array([-1000.0, -30.0, 0.0, 30.0, 1000.0])], stable_sigmoid)],
     "relu": [K([normal(3, 4)], lambda x: np.where(x > 0, x, 0.0)),
              K([normal(3, 4, dtype=np.float32)], lambda x: np.where(x > 0, x, np.float32(0)))],
+    "relu_grad": [K([normal(3, 4), normal(3, 4)], lambda g, y: np.where(y > 0, g, 0.0)),
+                  K([normal(3, 4, dtype=np.float32), normal(1, 4, dtype=np.float32)], lambda g, y: np.where(y > 0, g, np.float32(0)))],
     "abs": [K([normal(3, 4)], np.abs), K([ints(-3, 0, 2)], np.abs)],
     "sign": [K([np.array([-2.0, 0.0, 3.0])], np.sign)],
     "where": [K([RNG.random((3, 4)) < 0.5, normal(3, 4), normal(4)], np.where),

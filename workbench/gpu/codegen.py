@@ -28,7 +28,7 @@ C_TYPES = {
     "uint8": "unsigned char", "float32": "float", "float64": "double",
 }  # fmt: skip
 
-FLOAT_ONLY = frozenset({"divide", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu"})
+FLOAT_ONLY = frozenset({"divide", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "relu_grad"})
 
 #: The C expression of each op: ``{0}``, ``{1}`` ... are its arguments, ``{T}`` the C
 #: type of its result. Ops missing here (or with a dtype outside C_TYPES) stay unfused.
@@ -56,6 +56,7 @@ C_EXPRESSIONS = {
     "abs": "({0} < ({T})0) ? -{0} : {0}",
     "sign": "({0} > ({T})0) ? ({T})1 : (({0} < ({T})0) ? ({T})-1 : {0})",  # keeps 0 and NaN
     "where": "{0} ? {1} : {2}",
+    "relu_grad": "({1} > ({T})0) ? {0} : ({T})0",
     "cast": "({T})({0})",
     "identity": "{0}",
     "stop_gradient": "{0}",

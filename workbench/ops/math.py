@@ -213,7 +213,24 @@ def sign(x, name=None):
 
 
 def _relu_grad(op, g):
-    return (where(op.outputs[0] > 0, g, constant(0, dtype=g.dtype)),)  # a scalar zero: no zeros array
+    return (relu_grad(g, op.outputs[0]),)
+
+
+def relu_grad(g, y, name=None):
+    """``g`` where ``y > 0``, else 0: the gradient of :func:`relu` given its output ``y``.
+
+    One op rather than ``where(y > 0, g, 0)``: a multiply by the mask is an order of
+    magnitude faster than a select on NumPy, whose branches mispredict on random signs.
+    """
+    return apply("relu_grad", g, y, name=name)
+
+
+def _relu_grad_kernel(xp, g, y):
+    return g * xp.astype(y > 0, g.dtype)
+
+
+def _relu_grad_into(xp, out, g, y):
+    return xp.multiply(g, y > 0, out=out)  # the mask is made before ``out`` (maybe ``y``) is written
 
 
 def _zero_grad(op, g):
@@ -243,6 +260,9 @@ defop("sigmoid", infer=_unary_float_spec, elementwise=True,
 defop("relu", infer=_unary_float_spec, elementwise=True,
       kernel=lambda xp, x: xp.maximum(x, 0), inplace=lambda xp, out, x: xp.maximum(x, 0, out=out),
       grad=_relu_grad)
+defop("relu_grad", infer=_binary_spec, elementwise=True,
+      kernel=_relu_grad_kernel, inplace=_relu_grad_into,
+      grad=lambda op, gg: (relu_grad(gg, op.inputs[1]), None))  # zero with respect to y, where it exists
 defop("abs", infer=_same_spec, elementwise=True,
       kernel=lambda xp, x: xp.abs(x),
       grad=lambda op, g: (g * sign(op.inputs[0]),))
