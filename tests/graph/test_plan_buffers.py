@@ -82,3 +82,24 @@ def test_fed_arrays_are_never_written():
     out = wb.Session(g).run(y, {x: X})
     np.testing.assert_array_equal(X, [[1.0, -3.0]])
     np.testing.assert_array_equal(out, [[3.0, 0.0]])
+
+
+def test_adam_updates_write_into_the_variables_own_arrays():
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3))
+        w = wb.variable("w", shape=(3, 2))
+        loss = wb.mean(wb.matmul(x, w) ** 2.0)
+        train = wb.optimizers.Adam(0.1).minimize(loss)
+    X = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
+    sess, fresh = wb.Session(g), wb.Session(g)
+    sess.run(train, {x: X})  # the first run makes the arrays the plan then owns
+    held = dict(sess._state)
+    for _ in range(3):
+        sess.run(train, {x: X})
+    assert all(sess._state[name] is array for name, array in held.items())
+    for _ in range(4):  # same values as a session whose plan is rebuilt every step
+        fresh._plans.clear()
+        fresh.run(train, {x: X})
+    for name, value in fresh.variables.items():
+        np.testing.assert_allclose(sess.variables[name], value, rtol=1e-6)

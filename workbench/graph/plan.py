@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workbench.errors import NumericsError
+from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
 
 
@@ -86,7 +86,7 @@ class Plan:
             else:
                 get = itemgetter(slice(ins[0], ins[0] + 1)) if ins else _nothing
             donors = lifetimes.donors(i, op, ins, outs)
-            fn = self._bind(op, lifetimes.guard(i), donors)
+            fn = self._bind(op, lifetimes.update_guard(i) if op.opdef.stateful else lifetimes.guard(i), donors)
             if donors or (op.opdef.stateful and op.opdef.inplace is not None and own_state):
                 get = _with_slots(get)
             out = outs[0] if len(outs) == 1 else tuple(outs)
@@ -131,18 +131,20 @@ class Plan:
                 return value
 
             return update_step
-        inplace = functools.partial(op.opdef.inplace, self.xp, **op.attrs)
+        xp, inplace = self.xp, functools.partial(op.opdef.inplace, self.xp, **op.attrs)
 
         def inplace_update_step(slots, _snapshot, *args):
             current = state[name]
             if (
                 current is fresh.get(name)
+                and _owned(current)
                 and _holds_result(current, args)
                 and not _shared(current, slots, guard)
                 and not any(v is not current and _same_memory(v, current) for v in state.values())
             ):  # fmt: skip
                 return inplace(current, current, *args)
-            state[name] = value = fresh[name] = kernel(current, *args)
+            # an array, not a NumPy scalar (what 0-d arithmetic gives), so later updates can write into it
+            state[name] = value = fresh[name] = xp.asarray(kernel(current, *args))
             return value
 
         return inplace_update_step
@@ -162,15 +164,23 @@ class Plan:
         if check_numerics:
             self._run_checked(slots)
         else:
-            for fn, get, out, dead in self.steps:
-                result = fn(*get(slots))
-                if out.__class__ is int:
-                    slots[out] = result
-                else:
-                    for o, r in zip(out, result):
-                        slots[o] = r
-                for d in dead:
-                    slots[d] = None
+            i = -1
+            try:
+                for i, (fn, get, out, dead) in enumerate(self.steps):
+                    result = fn(*get(slots))
+                    if out.__class__ is int:
+                        slots[out] = result
+                    else:
+                        for o, r in zip(out, result):
+                            slots[o] = r
+                    for d in dead:
+                        slots[d] = None
+            except WorkbenchError:
+                raise
+            except Exception as e:  # a kernel failed on these values: say which op, and where it was made
+                op = self.step_ops[i]
+                where = f"\n  {op.source}" if op.source else ""
+                raise ExecutionError(f"{op.type} {op.name!r} failed: {type(e).__name__}: {e}{where}", op=op.name) from e
         self.run_count += 1
         values = [None if s is None else slots[s] for s in self.fetch_slots]
         if self.own_state:  # never hand out a variable's array: later updates write into it
@@ -214,7 +224,9 @@ class _Lifetimes:
     def __init__(self, plan: Plan, step_io: list):
         self.step_io = step_io
         # arrays from outside (feeds, variables, constants) or kept (fetches, variable updates)
-        self.pinned = set(plan.feed_slots) | {s for s, _ in plan.reads} | {s for s in plan.fetch_slots if s is not None}
+        self.reads = {s for s, _ in plan.reads}
+        self.fetched = {s for s in plan.fetch_slots if s is not None}
+        self.pinned = set(plan.feed_slots) | self.reads | self.fetched
         self.pinned |= {i for i, v in enumerate(plan.template) if v is not None}
         for op, _ins, outs in step_io:
             if op.opdef.stateful:
@@ -235,6 +247,11 @@ class _Lifetimes:
         """Slots whose arrays must survive step ``i``: pinned ones and those used later."""
         later = {s for s, last in self.last_use.items() if last > i and self.made_at.get(s, -1) < i}
         return tuple(sorted(self.pinned | later))
+
+    def update_guard(self, i: int) -> tuple[int, ...]:
+        """``guard(i)`` for a variable update: without the variable reads that no later step
+        and no fetch needs, so an update may overwrite the array its own read still holds."""
+        return tuple(s for s in self.guard(i) if s not in self.reads or s in self.fetched or self.last_use.get(s, -1) > i)
 
     def donors(self, i: int, op: Operation, ins: list[int], outs: list[int]) -> tuple[int, ...]:
         """Input positions of step ``i`` whose arrays its in-place kernel may overwrite."""

@@ -174,8 +174,13 @@ def _subtract_into(xp, out, current, delta):
     return out
 
 
+def _assign_into(xp, out, current, value):
+    out[...] = value  # a copy into the variable's own array: still shares memory with nothing
+    return out
+
+
 defop("assign", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
-      kernel=_assign_kernel)
+      kernel=_assign_kernel, inplace=_assign_into)
 defop("assign_add", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
       kernel=lambda xp, current, delta: current + delta, inplace=_add_into)
 defop("assign_sub", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
