@@ -463,3 +463,21 @@ def test_restore_checks_shapes_dtypes_and_names(model, tmp_path):
     np.savez(tmp_path / "partial.npz", __workbench_checkpoint__=np.array(1), **partial)
     assert_restore_fails(sess, tmp_path / "partial.npz", "lacks variables: b")
     sess.restore(tmp_path / "partial.npz", strict=False)
+
+
+def test_a_failing_kernel_names_the_op_and_its_line():
+    g = wb.Graph()
+    with g.as_default():
+        params = wb.placeholder("params", shape=(None,))
+        index = wb.placeholder("index", shape=(None,), dtype="int64")
+        picked = wb.gather(params, index)  # the line the error must name
+    sess = wb.Session(g)
+    events = []
+    sess.events.subscribe(events.append)
+    with pytest.raises(wb.ExecutionError, match=r"gather 'gather' failed: IndexError: .*\n.*picked = wb.gather") as info:
+        sess.run(picked, {params: [1.0, 2.0], index: [5]})
+    assert isinstance(info.value, RuntimeError) and info.value.op == "gather"
+    assert [e["kind"] for e in events] == ["plan_compiled", "run_started", "run_failed"]
+    assert events[1]["ops"] == ["gather"] and events[2]["op"] == "gather"
+    np.testing.assert_array_equal(sess.run(picked, {params: [1.0, 2.0], index: [1, 0]}), [2.0, 1.0])
+    assert [e["kind"] for e in events[-2:]] == ["run_started", "run_finished"]

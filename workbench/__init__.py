@@ -14,6 +14,7 @@ from workbench.errors import (
     ClusterError,
     DeviceError,
     DTypeError,
+    ExecutionError,
     FeedError,
     FormatError,
     GradientError,
@@ -51,7 +52,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
 __version__ = "0.1.0"
 
 __all__ = [
-    "ClusterError", "DTypeError", "DeviceError", "EventStream", "FeedError", "FormatError",
+    "ClusterError", "DTypeError", "DeviceError", "ExecutionError", "EventStream", "FeedError", "FormatError",
     "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation", "Session",
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
     "name_scope", "optimizers", "reset_default_graph", "scaling_study", "cluster", *_PUBLIC_OPS,

@@ -29,6 +29,14 @@ class GradientError(WorkbenchError, ValueError):
     """A gradient was asked for that the op does not define."""
 
 
+class ExecutionError(WorkbenchError, RuntimeError):
+    """A kernel failed while a graph ran (an index out of range, say); names the op and its line."""
+
+    def __init__(self, message: str, op: str | None = None):
+        super().__init__(message)
+        self.op = op
+
+
 class NumericsError(WorkbenchError, ArithmeticError):
     """An op produced NaN or Inf while ``check_numerics`` was on."""
 

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError
+from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
 from workbench import checkpoint
 from workbench.events import ROOT, EventStream
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
@@ -128,7 +128,17 @@ class Session:
             return unflatten(self._run_sharded(names, feed_dict))
         feeds = self._check_feeds(feed_dict or {})
         plan, order = self._plan(names, feeds)
-        values = plan.run([feeds[n] for n in order], check_numerics=check_numerics)
+        watched = self.events.wanted  # live views: which ops run, which one failed
+        if watched:
+            self.events.emit("run_started", ops=[op.name for op in plan.step_ops])
+        try:
+            values = plan.run([feeds[n] for n in order], check_numerics=check_numerics)
+        except WorkbenchError as e:
+            if watched:
+                self.events.emit("run_failed", op=getattr(e, "op", None), error=str(e))
+            raise
+        if watched:
+            self.events.emit("run_finished")
         values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
         if self.xp is np:
             values = _detach(values, self._state)

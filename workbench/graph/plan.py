@@ -198,7 +198,9 @@ class Plan:
                 if t.dtype.startswith("float") and not bool(xp.all(xp.isfinite(r))):
                     bad = "NaN" if bool(xp.any(xp.isnan(r))) else "Inf"
                     where = f"\n  {op.source}" if op.source else ""
-                    raise NumericsError(f"{op.type} {op.name!r} produced {bad} (output {t.name!r}){where}")
+                    error = NumericsError(f"{op.type} {op.name!r} produced {bad} (output {t.name!r}){where}")
+                    error.op = op.name
+                    raise error
             for d in dead:
                 slots[d] = None
 
