@@ -39,7 +39,8 @@ class Session:
         go up once per run and results come back as NumPy.
     **device_options
         For ``device="gpu"``: ``memory_pool``, ``memory_limit``, ``results``
-        (``"numpy"`` or ``"device"``), ``fuse`` and ``emulate``; see
+        (``"numpy"`` or ``"device"``), ``fuse``, ``cuda_graphs`` (replay
+        repeated runs as CUDA graphs, default True) and ``emulate``; see
         :class:`workbench.gpu.GPU`.
 
     Examples
@@ -132,7 +133,11 @@ class Session:
         if watched:
             self.events.emit("run_started", ops=[op.name for op in plan.step_ops])
         try:
-            values = plan.run([feeds[n] for n in order], check_numerics=check_numerics)
+            feed_values = [feeds[n] for n in order]
+            if self._gpu is None:
+                values = plan.run(feed_values, check_numerics=check_numerics)
+            else:
+                values = self._gpu.run_plan(plan, feed_values, check_numerics=check_numerics)
         except WorkbenchError as e:
             if watched:
                 self.events.emit("run_failed", op=getattr(e, "op", None), error=str(e))

@@ -109,3 +109,38 @@ def test_missing_device_is_named():
     with pytest.raises(wb.DeviceError, match="memory_pool must be one of"):
         wb.Session(wb.Graph(), device="gpu", memory_pool="huge")
     cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
+
+
+def test_graph_replay_matches_plain_runs():
+    g, train, loss = _mlp()
+    X, Y = _data()
+    plain = wb.Session(g, seed=1, device="gpu", cuda_graphs=False)
+    graphs = wb.Session(g, seed=1, device="gpu")
+    for i in range(8):
+        feed = {"x": X[i % 2 :: 2], "y": Y[i % 2 :: 2]}
+        a = plain.run([train, loss], feed)[1]
+        b = graphs.run([train, loss], feed)[1]
+        np.testing.assert_allclose(b, a, rtol=1e-5)  # cuBLAS may pick another algorithm under capture
+    assert graphs._gpu.graph_replays == 5  # warm-up, warm-up, capture, then replays
+    for name, value in plain.variables.items():
+        np.testing.assert_allclose(graphs.variables[name], value, rtol=1e-5, atol=1e-6)
+    for name, array in graphs._state.items():
+        assert isinstance(array, cp.ndarray), name
+    graphs.initialize()  # new variable arrays: the graph is dropped and captured again
+    plain.initialize()
+    for _ in range(4):
+        np.testing.assert_allclose(graphs.run([train, loss], {"x": X, "y": Y})[1],
+                                   plain.run([train, loss], {"x": X, "y": Y})[1], rtol=1e-5)  # fmt: skip
+
+
+def test_fused_kernels_on_flat_views_match_broadcasting():
+    rng = np.random.default_rng(4)
+    program = (("add", (0, 1), (), "float32"), ("relu", (2,), (), "float32"))
+    fused = REGISTRY["fused_elementwise"].kernel
+    xp = wb.Session(wb.Graph(), device="gpu").xp
+    a, b = (cp.asarray(rng.normal(size=(64, 8, 33)).astype(np.float32)) for _ in range(2))
+    flat = fused(xp, a, b, program=program)  # same shapes: 1-D views
+    strided = fused(xp, a, cp.ascontiguousarray(b.transpose(2, 1, 0)).transpose(2, 1, 0), program=program)
+    assert flat.shape == strided.shape == (64, 8, 33)
+    np.testing.assert_array_equal(cp.asnumpy(flat), cp.asnumpy(strided))
+    np.testing.assert_array_equal(cp.asnumpy(flat), np.maximum(cp.asnumpy(a) + cp.asnumpy(b), 0))

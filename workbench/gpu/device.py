@@ -15,6 +15,7 @@ from workbench.errors import DeviceError, FeedError
 from workbench.graph.core import Graph
 from workbench.graph.fusion import fuse_elementwise
 from workbench.gpu.codegen import supports_op
+from workbench.gpu.graphs import CudaCapture, PlanGraphs
 from workbench.gpu.kernels import FusedKernels
 from workbench.ops import fused
 
@@ -82,18 +83,30 @@ class GPU:
         What :meth:`Session.run` returns for tensors.
     fuse : bool
         Fuse elementwise chains into generated kernels (default True).
+    cuda_graphs : bool
+        Replay whole plan runs as CUDA graphs (default True): a plan's run is
+        captured once per feed signature (shapes and dtypes), after a plain run
+        that left every variable's array in place, and later runs with that
+        signature copy the feeds in, launch the graph and copy the fetches out,
+        with no Python per kernel. Plans with random ops and runs with
+        ``check_numerics`` always run plainly, as does a plan whose capture
+        failed once. See :mod:`workbench.gpu.graphs`. ``graph_replays`` counts replays.
     emulate : bool
         Run this code path on NumPy instead of CuPy (no GPU needed): for tests
-        and dry runs of scripts meant for a GPU machine.
+        and dry runs of scripts meant for a GPU machine. No graphs are captured
+        unless ``capture`` is given a stand-in.
     """
 
     def __init__(self, device: str = "gpu", memory_pool="default", memory_limit: int | None = None,
-                 results: str = "numpy", fuse: bool = True, emulate: bool = False):  # fmt: skip
+                 results: str = "numpy", fuse: bool = True, cuda_graphs: bool = True, emulate: bool = False):  # fmt: skip
         self.index = parse_device(device)
         if results not in RESULTS:
             raise DeviceError(f"results must be one of {', '.join(RESULTS)}, got {results!r}")
         self.results, self.fuse, self.emulated = results, bool(fuse), bool(emulate)
+        self.cuda_graphs = bool(cuda_graphs)
         self._staging: dict[tuple, list] = {}
+        self._graphs: dict[int, PlanGraphs] = {}  # id(plan) -> its captured runs
+        self.capture = None  # what captures and launches graphs (a CudaCapture on a GPU)
         if self.emulated:
             self.cupy, self.xp, self.pool = None, np, None
             return
@@ -104,6 +117,8 @@ class GPU:
         self.pool = configure_pool(self.cupy, memory_pool, memory_limit)
         self.kernels = _shared_kernels(self.cupy)
         fused.register_compiler(self.kernels)
+        if self.cuda_graphs:
+            self.capture = CudaCapture(self.cupy)
 
     def __repr__(self) -> str:
         return f"<GPU {self.index}{' (emulated on NumPy)' if self.emulated else ''}>"
@@ -114,6 +129,20 @@ class GPU:
         if not self.fuse:
             return graph
         return fuse_elementwise(graph, keep=fetches, supported=supports_op)
+
+    def run_plan(self, plan, feed_values: list, check_numerics: bool = False) -> list:
+        """``plan.run(feed_values)``, replayed as a CUDA graph when ``cuda_graphs`` allows."""
+        if self.capture is None or not self.cuda_graphs:
+            return plan.run(feed_values, check_numerics=check_numerics)
+        graphs = self._graphs.get(id(plan))
+        if graphs is None or graphs.plan is not plan:
+            graphs = self._graphs[id(plan)] = PlanGraphs(plan, self.capture)
+        return graphs.run(feed_values, check_numerics)
+
+    @property
+    def graph_replays(self) -> int:
+        """Plan runs done by replaying a captured graph, in all."""
+        return sum(g.replays for g in self._graphs.values())
 
     # -- transfers ---------------------------------------------------------------------
     def is_device_array(self, value) -> bool:
