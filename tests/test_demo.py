@@ -7,7 +7,7 @@ from workbench import demo
 
 @pytest.fixture(scope="module")
 def results():
-    return {r["section"]: r for r in demo.main(["--seed", "0"])}
+    return {r["section"]: r for r in demo.main(["--seed", "0", "--sections", "mlp,cnn"])}
 
 
 def test_mlp_reaches_95_percent_on_held_out_digits(results):
@@ -37,3 +37,18 @@ def test_unknown_section_is_a_usage_error(capsys):
         demo.main(["--sections", "mlp,gpu"])
     assert exc.value.code == 2
     assert "unknown section(s) gpu" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_distributed_sections_train_on_a_local_cluster_and_print_the_scaling_table(capsys):
+    results = {r["section"]: r for r in demo.main(["--sections", "distributed,scaling", "--steps", "100", "--scaling-steps", "3"])}
+    distributed = results["distributed"]
+    assert distributed["replicas"] == 2 and distributed["steps"] == 100
+    assert distributed["max_difference"] < 1e-4  # float32: the same training as in one process
+    assert distributed["test_accuracy"] >= 0.9
+    assert [row["workers"] for row in results["scaling"]["rows"]] == [1, 2]
+    out = capsys.readouterr().out
+    assert "local Dask cluster: 2 worker processes" in out
+    assert "largest difference from local training" in out
+    assert "| workers | samples/s | speedup | efficiency | s/step |" in out

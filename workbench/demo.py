@@ -4,8 +4,9 @@ Run it with ``python -m workbench.demo`` (``--help`` lists the options). Each
 section builds its own graph with the public API, trains it with
 :meth:`Session.fit` and reports steps, final loss, test accuracy, throughput and
 time. A section is a function ``(data, args) -> result dict`` listed in
-``SECTIONS``; new ones (a distributed run on a local Dask cluster, say) are added
-there and selected with ``--sections``.
+``SECTIONS`` and selected with ``--sections``. The ``distributed`` and ``scaling``
+sections start an embedded Dask cluster (one process per worker) and train the
+MLP data-parallel on it, then measure throughput against the worker count.
 """
 
 from __future__ import annotations
@@ -92,9 +93,11 @@ def build_cnn(channels: int = 8, hidden: int = 32, learning_rate: float = 0.01) 
 # -- sections ----------------------------------------------------------------------------
 
 
-def train_and_evaluate(name: str, model: dict, data: Digits, args: argparse.Namespace) -> dict:
+def train_and_evaluate(
+    name: str, model: dict, data: Digits, args: argparse.Namespace, cluster=False, replicas=None
+) -> dict:
     """Fit ``model`` on the training set, then measure loss and accuracy on the test set."""
-    sess = wb.Session(model["graph"], seed=args.seed)
+    sess = wb.Session(model["graph"], seed=args.seed, cluster=cluster)
     started = time.perf_counter()
     history = sess.fit(
         model["train"],
@@ -102,6 +105,7 @@ def train_and_evaluate(name: str, model: dict, data: Digits, args: argparse.Name
         batch_size=args.batch_size,
         steps=args.steps,
         fetches={"loss": model["loss"]},
+        replicas=replicas,
     )
     train_seconds = time.perf_counter() - started
     logits, test_loss = sess.run(
@@ -118,6 +122,7 @@ def train_and_evaluate(name: str, model: dict, data: Digits, args: argparse.Name
         "test_accuracy": accuracy,
         "samples_per_s": len(history) * args.batch_size / train_seconds,
         "seconds": time.perf_counter() - started,
+        "variables": sess.variables,
     }
 
 
@@ -129,9 +134,50 @@ def cnn_section(data: Digits, args: argparse.Namespace) -> dict:
     return train_and_evaluate("cnn", build_cnn(), data, args)
 
 
+def _cluster(args: argparse.Namespace):
+    """The embedded cluster the distributed sections share (started on first use)."""
+    if getattr(args, "client", None) is None:
+        started = time.perf_counter()
+        args.client = wb.cluster.connect("local", n_workers=args.workers)
+        print(
+            f"local Dask cluster: {args.workers} worker processes, 1 thread each, "
+            f"started in {time.perf_counter() - started:.1f} s; dashboard {args.client.dashboard_link}",
+            flush=True,
+        )
+    return args.client
+
+
+def distributed_section(data: Digits, args: argparse.Namespace) -> dict:
+    """The MLP trained data-parallel on the cluster; it must end where local training ends."""
+    client = _cluster(args)
+    result = train_and_evaluate("distributed", build_mlp(), data, args, cluster=client, replicas=args.workers)
+    local = train_and_evaluate("local", build_mlp(), data, args, cluster=False)
+    result["max_difference"] = max(
+        float(np.max(np.abs(result["variables"][k] - v))) for k, v in local["variables"].items()
+    )
+    result["replicas"] = args.workers
+    return result
+
+
+def scaling_section(data: Digits, args: argparse.Namespace) -> dict:
+    """Throughput, speedup and efficiency against the worker count, for a wider MLP."""
+    client = _cluster(args)
+    model = build_mlp(hidden=512)
+    rng = np.random.default_rng(args.seed)
+    rows = rng.integers(0, len(data.x_train), size=8192)  # enough rows for large batches
+    study = wb.scaling_study(
+        model["graph"], model["train"], {"x": data.x_train[rows], "y": data.y_train[rows]},
+        batch_size=args.scaling_batch, steps=args.scaling_steps,
+        workers=range(1, args.workers + 1), cluster=client, seed=args.seed,
+    )  # fmt: skip
+    return {"section": "scaling", "study": study, "rows": study.rows}
+
+
 SECTIONS: dict[str, Callable[[Digits, argparse.Namespace], dict]] = {
     "mlp": mlp_section,
     "cnn": cnn_section,
+    "distributed": distributed_section,
+    "scaling": scaling_section,
 }
 
 
@@ -141,11 +187,15 @@ SECTIONS: dict[str, Callable[[Digits, argparse.Namespace], dict]] = {
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m workbench.demo",
-        description="Train an MLP and a small CNN on scikit-learn's digits with workbench graphs.",
+        description="Train an MLP and a small CNN on scikit-learn's digits with workbench graphs, "
+        "then the MLP data-parallel on an embedded Dask cluster, with a scaling study.",
     )
     parser.add_argument("--steps", type=int, default=600, help="training steps per model (default 600)")
     parser.add_argument("--batch-size", type=int, default=64, help="examples per step (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the split, initial values and batches")
+    parser.add_argument("--workers", type=int, default=2, help="workers of the local Dask cluster (default 2)")
+    parser.add_argument("--scaling-batch", type=int, default=2048, help="global batch of the scaling study")
+    parser.add_argument("--scaling-steps", type=int, default=10, help="measured steps per worker count")
     parser.add_argument(
         "--sections",
         default=",".join(SECTIONS),
@@ -162,11 +212,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def report(result: dict) -> str:
+    if result["section"] == "scaling":
+        return f"scaling study (global batch fixed, workers of the local cluster):\n{result['study'].table()}"
+    if result["section"] == "distributed":
+        extra = f"; {result['replicas']} replicas, largest difference from local training {result['max_difference']:.1e}"
+    else:
+        extra = ""
     return (
         f"{result['section']:>4}: {result['steps']} steps of {result['batch_size']}, "
         f"final loss {result['final_loss']:.4f}, test loss {result['test_loss']:.4f}, "
         f"test accuracy {result['test_accuracy']:.2%}, "
-        f"{result['samples_per_s']:,.0f} samples/s, {result['seconds']:.1f} s"
+        f"{result['samples_per_s']:,.0f} samples/s, {result['seconds']:.1f} s{extra}"
     )
 
 
@@ -181,10 +237,15 @@ def main(argv=None) -> list[dict]:
         flush=True,
     )
     results = []
-    for name in args.sections:
-        result = SECTIONS[name](data, args)
-        print(report(result), flush=True)
-        results.append(result)
+    args.client = None
+    try:
+        for name in args.sections:
+            result = SECTIONS[name](data, args)
+            print(report(result), flush=True)
+            results.append(result)
+    finally:
+        if args.client is not None:
+            wb.cluster.close(args.client)
     print(f"done in {time.perf_counter() - started:.1f} s")
     return results
 
