@@ -115,13 +115,17 @@ def test_graph_replay_matches_plain_runs():
     g, train, loss = _mlp()
     X, Y = _data()
     plain = wb.Session(g, seed=1, device="gpu", cuda_graphs=False)
-    graphs = wb.Session(g, seed=1, device="gpu")
+    graphs = wb.Session(g, seed=1, device="gpu", cuda_graphs=True)
     for i in range(8):
         feed = {"x": X[i % 2 :: 2], "y": Y[i % 2 :: 2]}
         a = plain.run([train, loss], feed)[1]
         b = graphs.run([train, loss], feed)[1]
         np.testing.assert_allclose(b, a, rtol=1e-5)  # cuBLAS may pick another algorithm under capture
-    assert graphs._gpu.graph_replays == 5  # warm-up, warm-up, capture, then replays
+    (plan_graphs,) = graphs._gpu._graphs.values()
+    if plan_graphs.obstacle is not None:  # CuPy 14 refuses cuBLAS calls during stream capture
+        assert "cuBLAS" in plan_graphs.obstacle and graphs._gpu.graph_replays == 0
+    else:
+        assert graphs._gpu.graph_replays == 5  # warm-up, warm-up, capture, then replays
     for name, value in plain.variables.items():
         np.testing.assert_allclose(graphs.variables[name], value, rtol=1e-5, atol=1e-6)
     for name, array in graphs._state.items():

@@ -65,7 +65,7 @@ def _batch(n=16, seed=0):
 
 
 def _graph_session(g):
-    sess = wb.Session(g, seed=2, device="gpu", emulate=True)
+    sess = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
     sess._gpu.capture = FakeCapture(sess._state)
     return sess
 
@@ -136,7 +136,7 @@ def test_updates_that_replace_the_array_are_never_captured():
 def test_a_failed_capture_falls_back_and_is_not_retried():
     g, train, loss = _mlp()
     plain = wb.Session(g, seed=2, device="gpu", emulate=True)
-    sess = wb.Session(g, seed=2, device="gpu", emulate=True)
+    sess = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
     sess._gpu.capture = FakeCapture(sess._state, fail=True)
     batches = [_batch(seed=i) for i in range(6)]
     expected = [plain.run([train, loss], b)[1] for b in batches]

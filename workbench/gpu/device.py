@@ -84,13 +84,15 @@ class GPU:
     fuse : bool
         Fuse elementwise chains into generated kernels (default True).
     cuda_graphs : bool
-        Replay whole plan runs as CUDA graphs (default True): a plan's run is
+        Replay whole plan runs as CUDA graphs (default False): a plan's run is
         captured once per feed signature (shapes and dtypes), after a plain run
         that left every variable's array in place, and later runs with that
         signature copy the feeds in, launch the graph and copy the fetches out,
         with no Python per kernel. Plans with random ops and runs with
         ``check_numerics`` always run plainly, as does a plan whose capture
         failed once. See :mod:`workbench.gpu.graphs`. ``graph_replays`` counts replays.
+        Off by default: CuPy 14 refuses cuBLAS calls during stream capture, so
+        plans with a matmul fall back to plain runs (with the same results).
     emulate : bool
         Run this code path on NumPy instead of CuPy (no GPU needed): for tests
         and dry runs of scripts meant for a GPU machine. No graphs are captured
@@ -98,7 +100,7 @@ class GPU:
     """
 
     def __init__(self, device: str = "gpu", memory_pool="default", memory_limit: int | None = None,
-                 results: str = "numpy", fuse: bool = True, cuda_graphs: bool = True, emulate: bool = False):  # fmt: skip
+                 results: str = "numpy", fuse: bool = True, cuda_graphs: bool = False, emulate: bool = False):  # fmt: skip
         self.index = parse_device(device)
         if results not in RESULTS:
             raise DeviceError(f"results must be one of {', '.join(RESULTS)}, got {results!r}")
