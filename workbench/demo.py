@@ -162,9 +162,9 @@ def distributed_section(data: Digits, args: argparse.Namespace) -> dict:
 def scaling_section(data: Digits, args: argparse.Namespace) -> dict:
     """Throughput, speedup and efficiency against the worker count, for a wider MLP."""
     client = _cluster(args)
-    model = build_mlp(hidden=512)
+    model = build_mlp(hidden=1024)
     rng = np.random.default_rng(args.seed)
-    rows = rng.integers(0, len(data.x_train), size=8192)  # enough rows for large batches
+    rows = rng.integers(0, len(data.x_train), size=2 * args.scaling_batch)  # resampled: enough rows for big batches
     study = wb.scaling_study(
         model["graph"], model["train"], {"x": data.x_train[rows], "y": data.y_train[rows]},
         batch_size=args.scaling_batch, steps=args.scaling_steps,
@@ -194,8 +194,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64, help="examples per step (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the split, initial values and batches")
     parser.add_argument("--workers", type=int, default=2, help="workers of the local Dask cluster (default 2)")
-    parser.add_argument("--scaling-batch", type=int, default=2048, help="global batch of the scaling study")
-    parser.add_argument("--scaling-steps", type=int, default=10, help="measured steps per worker count")
+    parser.add_argument("--scaling-batch", type=int, default=65536, help="global batch of the scaling study (default 65536: compute-bound)")
+    parser.add_argument("--scaling-steps", type=int, default=6, help="measured steps per worker count (default 6)")
     parser.add_argument(
         "--sections",
         default=",".join(SECTIONS),
