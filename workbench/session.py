@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-import zipfile
 from typing import Any, Callable
 
 import numpy as np
@@ -20,7 +18,6 @@ from workbench.ops import rules
 from workbench.ops.state import initial_value
 from workbench.training import History, batch_indices, check_data
 
-CHECKPOINT_MARK = "__workbench_checkpoint__"
 
 
 class Session:
@@ -123,12 +120,18 @@ class Session:
         chunks and returns dask arrays: sharded inference, lazily, on whatever
         scheduler computes them (``sess.client.compute(...)`` on the session's cluster).
         """
+        return self._run(fetches, feed_dict, check_numerics)
+
+    def _run(self, fetches, feed_dict, check_numerics: bool, step: int | None = None):
+        """:meth:`run`; with ``step`` (0-based) random ops draw for that training step, as on a cluster."""
         flat, unflatten = _flatten(fetches)
         names = [self._fetch_name(f) for f in flat]
         if feed_dict and any(_is_dask(v) for v in feed_dict.values()):
             return unflatten(self._run_sharded(names, feed_dict))
         feeds = self._check_feeds(feed_dict or {})
         plan, order = self._plan(names, feeds)
+        if step is not None:
+            plan.run_count = step
         watched = self.events.wanted  # live views: which ops run, which one failed
         if watched:
             self.events.emit("run_started", ops=[op.name for op in plan.step_ops])
@@ -346,7 +349,7 @@ class Session:
         for step, idx in enumerate(indices, start=start + 1):
             started = time.perf_counter()
             batch = {name: a[idx] for name, a in arrays.items()}
-            values = self.run([train, *fetch_list], batch, check_numerics=check_numerics)
+            values = self._run([train, *fetch_list], batch, check_numerics, step=step - 1)
             elapsed = time.perf_counter() - started
             record = {"step": step, "time": elapsed, "samples_per_s": batch_size / elapsed if elapsed > 0 else float("inf")}
             record.update(zip(labels, (_scalar(v) for v in values[1:])))
@@ -376,28 +379,14 @@ class Session:
     # -- checkpoints -------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> str:
         """Write every variable's value to ``path`` (.npz), atomically: a crash leaves the old file."""
-        values = self.variables
-        path = os.fspath(path)
-        directory = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                _write_npz(f, {CHECKPOINT_MARK: np.array(1), **values})
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        return checkpoint.write(path, self.variables)
 
     def restore(self, path: str | os.PathLike, strict: bool = True) -> None:
         """Load variable values written by :meth:`save`; checks everything before changing anything.
 
         With ``strict=True`` every variable of the graph must be in the file.
         """
-        loaded = read_checkpoint(path)
+        loaded, _ = checkpoint.read(path)
         graph_vars = {v.name: v for v in self.graph.variables}
         unknown = sorted(set(loaded) - set(graph_vars))
         if unknown:
@@ -414,30 +403,6 @@ class Session:
                 )
         for name, value in loaded.items():
             self._state[name] = self.xp.asarray(value)
-
-
-def read_checkpoint(path) -> dict[str, np.ndarray]:
-    """The arrays of a checkpoint file, or FormatError; never unpickles."""
-    try:
-        with np.load(os.fspath(path), allow_pickle=False) as archive:
-            if CHECKPOINT_MARK not in archive.files:
-                raise FormatError(f"{os.fspath(path)!r} is not a workbench checkpoint")
-            return {name: archive[name] for name in archive.files if name != CHECKPOINT_MARK}
-    except FormatError:
-        raise
-    except FileNotFoundError:
-        raise FormatError(f"no checkpoint at {os.fspath(path)!r}") from None
-    except Exception as e:  # zipfile, pickle refusal, truncated data, bad headers
-        raise FormatError(f"cannot read checkpoint {os.fspath(path)!r}: {type(e).__name__}: {e}") from None
-
-
-def _write_npz(file, arrays: dict) -> None:
-    """``np.savez`` for any names: passing them as keywords would clash with its own ``file``
-    and ``allow_pickle`` parameters."""
-    with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for name, value in arrays.items():
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
 def _detach(values: list, state: dict) -> list:
