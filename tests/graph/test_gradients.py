@@ -69,6 +69,23 @@ def test_broadcasting_with_unknown_batch_size(graph):
     np.testing.assert_array_equal(run(graph, db, {x: np.ones((5, 3))}), [5.0, 5.0, 5.0])
 
 
+def test_only_axes_that_may_be_stretched_are_summed(graph):
+    # (None, 3) + (3,): the batch axis of h is never stretched, so its gradient needs no
+    # reduce_to_like (which would keep h alive until the backward pass just for its shape)
+    x = wb.placeholder("x", shape=(None, 4), dtype="float64")
+    w = wb.variable("w", shape=(4, 3), init=1.0, dtype="float64")
+    b = wb.variable("b", shape=(3,), init=0.0, dtype="float64")
+    h = x @ w
+    dh, dw, db = wb.gradients(wb.sum(h + b), [h, w, b])
+    assert dh.op.type != "reduce_to_like" and dw.op.type == "matmul" and db.op.type == "reduce_to_like"
+    # (None, 3) + (None, 1): the other input's batch axis may be 1, so x's gradient is summed too
+    c = wb.placeholder("c", shape=(None, 1), dtype="float64")
+    dx, dc = wb.gradients(wb.sum(h + c), [h, c])
+    assert dx.op.type == "reduce_to_like" and dc.op.type == "reduce_to_like"
+    value = run(graph, dx, {x: np.ones((2, 4)), c: np.ones((1, 1))})
+    np.testing.assert_array_equal(value, np.ones((2, 3)))
+
+
 def test_batched_matmul_broadcast_is_undone(graph):
     rng = np.random.default_rng(1)
     a = wb.placeholder("a", shape=(4, 2, 3), dtype="float64")

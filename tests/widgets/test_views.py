@@ -151,9 +151,9 @@ def test_graph_view_folds_and_unfolds(mlp):
     view = GraphView(mlp)
     assert view.collapsed == ["SGD", "gradients"] and len(view.layout["nodes"]) == 10
     view.toggle("gradients")
-    assert view.collapsed == ["SGD"] and len(view.layout["nodes"]) == 16
+    assert view.collapsed == ["SGD"] and len(view.layout["nodes"]) == 15
     view.collapsed = []  # what the front end does on a click
-    assert len(view.layout["nodes"]) == 22
+    assert len(view.layout["nodes"]) == 21
     with pytest.raises(KeyError, match="no name scope 'nope'"):
         view.toggle("nope")
 

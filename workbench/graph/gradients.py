@@ -72,11 +72,34 @@ def _input_grads(op: Operation, out_grads, path, wanted) -> Sequence[Tensor | No
 def _unbroadcast(op: Operation, x: Tensor, g: Tensor) -> Tensor:
     """Sum ``g`` back to ``x``'s shape where the op may have broadcast ``x``."""
     broadcasting = (op.opdef.elementwise and len(op.inputs) > 1) or op.type == "matmul"
-    if not broadcasting:
+    if not broadcasting or not _may_broadcast(op, x):
         return g
     if x.shape is not None and g.shape == x.shape and None not in x.shape:
         return g
     return ops.reduce_to_like(g, x)
+
+
+def _may_broadcast(op: Operation, x: Tensor) -> bool:
+    """Whether ``op`` may stretch ``x`` (its batch axes, for matmul) to a bigger shape.
+
+    Known without running: an axis of ``x`` is never stretched when its size is known and
+    not 1, or when every other input lacks the axis or has size 1 there. Then the gradient
+    needs no ``reduce_to_like``, which would keep ``x``'s array alive just for its shape.
+    """
+    core = 2 if op.type == "matmul" else 0  # matmul broadcasts only the axes before the last two
+    if x.shape is None or len(x.shape) < core:
+        return True
+    axes = x.shape[: len(x.shape) - core]
+    for t in op.inputs:
+        if t is x:
+            continue
+        if t.shape is None or len(t.shape) - core > len(axes):
+            return True
+        other = t.shape[: len(t.shape) - core]
+        for d, o in zip(reversed(axes), reversed(other)):
+            if not ((d is not None and d != 1) or o == 1):
+                return True
+    return False
 
 
 def _total(parts: list[Tensor] | None) -> Tensor | None:

@@ -500,6 +500,8 @@ def _reduce_to_like_kernel(xp, g, x):
         return g
     lead = g.ndim - x.ndim
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(x.shape) if d == 1 and g.shape[lead + i] != 1)
+    if x.ndim and all(a < lead for a in axes):  # already x's shape, and not a view: later steps may write into it
+        return xp.sum(g, axis=axes)
     return xp.reshape(xp.sum(g, axis=axes, keepdims=True), x.shape)
 
 
