@@ -208,7 +208,8 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
     "conv2d_filter_grad": lambda r: conv_grad_cases(r, "filter"),
     "max_pool2d": lambda r: [Case(lambda x, a=a: wb.max_pool2d(x, *a), (distinct(r, 1, 2, 5, 5),))
                              for a in [(2,), (3, 2, "same"), (2, 1), (2, 2, "same"), ((2, 3), (1, 2))]],
-    "dropout": lambda r: [Case(lambda x: wb.dropout(x, 0.5, seed=3), (normal(r, 4, 5),), fresh=True)],
+    "dropout": lambda r: [Case(lambda x: wb.dropout(x, 0.5, seed=3), (normal(r, 4, 5),), fresh=True),
+                          Case(lambda x: wb.dropout(x, 0.5, seed=3), (normal(r, 4, 5),), dynamic=True, fresh=True)],
 }  # fmt: skip
 
 ZERO_BY_DEFINITION = {"stop_gradient"}  # the gradient is zero whatever finite differences say
@@ -364,12 +365,13 @@ def test_second_order_of_an_op_without_one_names_the_helper(fn, helper):
             wb.gradients(wb.sum(dx * dx), [x])
 
 
-def test_dropout_gradient_is_the_upstream_gradient_times_the_mask_of_the_same_run():
+@pytest.mark.parametrize("shape", [(6, 7), (None, 7)])  # masks drawn per run, or per run and row of the batch
+def test_dropout_gradient_is_the_upstream_gradient_times_the_mask_of_the_same_run(shape):
     x_value = np.random.default_rng(0).standard_normal((6, 7))
     weights = np.random.default_rng(1).standard_normal((6, 7))
     g = wb.Graph()
     with g.as_default():
-        x = wb.placeholder("x", shape=(6, 7), dtype="float64")
+        x = wb.placeholder("x", shape=shape, dtype="float64")
         y = wb.dropout(x, 0.25, seed=5)
         mask = y.op.outputs[1]
         (dx,) = wb.gradients(wb.sum(y * wb.constant(weights)), [x])

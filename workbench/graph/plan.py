@@ -19,10 +19,9 @@ import zlib
 from operator import itemgetter
 from typing import Any, Callable
 
-import numpy as np
-
 from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
+from workbench.graph.rng import generator
 
 
 class Plan:
@@ -43,6 +42,15 @@ class Plan:
         updates replace entries in order.
     seed : int
         Seeds random ops, together with each op's seed and the run count.
+
+    Attributes
+    ----------
+    run_count : int
+        Runs so far; keys random draws (the cluster sets it to the training step).
+    row_offset : int
+        Where the fed rows start in the global batch (0: they are the whole batch).
+        Random ops on batch-first inputs key their draws by global row, so a shard
+        draws what a run of the whole batch draws for its rows.
     """
 
     def __init__(
@@ -51,6 +59,7 @@ class Plan:
         self.graph, self.xp, self.state, self.seed = graph, xp, state, seed
         self.own_state = own_state
         self.run_count = 0
+        self.row_offset = 0
         slot_of: dict[Tensor, int] = {}
         self.template: list[Any] = []
         self.reads: list[tuple[int, str]] = []
@@ -99,9 +108,11 @@ class Plan:
         if opdef.random:
             op_seed = attrs.get("seed")
             op_seed = zlib.crc32(op.name.encode()) if op_seed is None else int(op_seed)
+            shape = op.inputs[0].shape if op.inputs else None
+            batched = bool(shape) and shape[0] is None  # its first axis is the batch axis
 
             def random_step(*args):
-                rng = np.random.default_rng([self.seed, op_seed, self.run_count])
+                rng = generator([self.seed, op_seed, self.run_count], batched, self.row_offset)
                 return kernel(*args, rng=rng)
 
             return random_step
