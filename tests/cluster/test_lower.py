@@ -139,6 +139,11 @@ def test_shard_weights_are_each_shares_of_the_batch():
     assert weights == [0.3, 0.3, 0.2, 0.2]
 
 
+def test_shards_know_where_they_start_in_the_batch():
+    tasks, keys = step_tasks("program", "state", ["x", "y"], np.arange(10) * 2, 4, "mlp", 1, "t")
+    assert [tasks[k].args[4] for k in keys["grads"]] == [0, 3, 6, 8]
+
+
 # -- results -----------------------------------------------------------------------------------
 
 
@@ -214,9 +219,8 @@ def test_more_replicas_than_examples(kit):
         wb.cluster.lower(m["graph"], m["train"], kit.blobs(), batch_size=2, replicas=3)
 
 
-@pytest.mark.xfail(strict=True, reason="each replica draws its dropout mask for its own shard from the same "
-                   "per-step seed, so masks differ from the one local training draws for the whole batch")
-def test_dropout_matches_local_with_two_replicas(kit):
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_dropout_matches_local(kit, replicas):
     g = wb.Graph(name="drop")
     with g.as_default():
         x = wb.placeholder("x", shape=(None, 6), dtype="float64")
@@ -226,6 +230,8 @@ def test_dropout_matches_local_with_two_replicas(kit):
         train = wb.optimizers.SGD(0.1).minimize(loss)
     local = wb.Session(g, seed=SEED, cluster=False)
     local.fit(train, kit.blobs(), batch_size=12, steps=4)
-    low = wb.cluster.lower(g, train, kit.blobs(), batch_size=12, replicas=2, steps=4, seed=SEED, batch_seed=(SEED, 1))
+    low = wb.cluster.lower(
+        g, train, kit.blobs(), batch_size=12, replicas=replicas, steps=4, seed=SEED, batch_seed=(SEED, 1)
+    )
     state = dask.get(low.dsk, [low.state_key])[0]
     kit.assert_same_variables(local.variables, state["variables"], rtol=1e-9)

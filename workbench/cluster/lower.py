@@ -58,13 +58,15 @@ def step_keys(name: str, step: int, replicas: int, token: str) -> dict[str, Any]
 def replica_tasks(program, state, data, index: np.ndarray, shards_: int, weight, name: str, step: int, token: str):
     """The replica tasks of one step: one per shard, each the forward and backward pass of its rows.
 
-    ``weight(part)`` scales a shard's gradient (its share of the global batch).
+    ``weight(part)`` scales a shard's gradient (its share of the global batch); each task
+    also gets where its shard starts in the batch (random ops key their draws by global row).
     """
     keys = step_keys(name, step, shards_, token)
-    tasks = {}
+    tasks, offset = {}, 0
     for key, part in zip(keys["grads"], shards(index, shards_)):
         sources = data(part) if callable(data) else data
-        tasks[key] = Task(key, replica_gradients, program, state, part, weight(part), *sources)
+        tasks[key] = Task(key, replica_gradients, program, state, part, weight(part), offset, *sources)
+        offset += len(part)
     return tasks, keys
 
 

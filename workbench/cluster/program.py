@@ -140,10 +140,13 @@ def take_rows(source, index: np.ndarray) -> np.ndarray:
     return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
 
 
-def replica_gradients(program: TrainingProgram, state: dict, index: np.ndarray, weight: float, *data) -> dict:
+def replica_gradients(
+    program: TrainingProgram, state: dict, index: np.ndarray, weight: float, offset: int, *data
+) -> dict:
     """One replica's shard: gradients scaled by the shard's share of the global batch.
 
-    ``data`` holds one source per placeholder of ``program.feeds``, in order.
+    ``offset`` is where the shard starts in the global batch; ``data`` holds one
+    source per placeholder of ``program.feeds``, in order.
     """
     started = time.perf_counter()
     plan = compiled(program)
@@ -152,6 +155,7 @@ def replica_gradients(program: TrainingProgram, state: dict, index: np.ndarray, 
     plan.replica_state.update({n: variables[n] for n in program.replica_variables})
     rows = [take_rows(source, index) for source in data]
     plan.replica.run_count = state["step"]  # random ops (dropout) draw per step
+    plan.replica.row_offset = offset  # and per row of the global batch, however it is split
     values = plan.replica.run(rows)
     n = len(program.gradients)
     grads = [np.multiply(g, weight, dtype=g.dtype) for g in values[:n]]
