@@ -8,8 +8,10 @@ import pytest
 import workbench as wb
 
 
-def mlp(layers: int = 2, dtype: str = "float64", hidden: int = 8, optimizer=None, name: str = "mlp", features: int = 6):
-    """A classifier of ``layers`` dense layers on ``features`` inputs, trained with Adam by default."""
+def mlp(layers: int = 2, dtype: str = "float64", hidden: int = 8, optimizer=None, name: str = "mlp", features: int = 6,
+        dropout: float = 0.0):
+    """A classifier of ``layers`` dense layers on ``features`` inputs, trained with Adam by default;
+    with ``dropout`` after each hidden layer."""
     g = wb.Graph(name=name)
     with g.as_default():
         x = wb.placeholder("x", shape=(None, features), dtype=dtype)
@@ -22,6 +24,8 @@ def mlp(layers: int = 2, dtype: str = "float64", hidden: int = 8, optimizer=None
             h = wb.matmul(h, w) + b
             if i < layers - 1:
                 h = wb.tanh(h)
+                if dropout:
+                    h = wb.dropout(h, dropout)
             width = out
         loss = wb.mean(wb.softmax_cross_entropy(h, y))
         train = (optimizer or wb.optimizers.Adam(0.05)).minimize(loss)

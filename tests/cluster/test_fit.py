@@ -72,6 +72,25 @@ def test_window_and_sync_every_do_not_change_the_result(kit, client):
         kit.assert_same_variables(expected, got, rtol=1e-9)
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_dropout_matches_local(kit, client, replicas):
+    m = kit.mlp(layers=3, dropout=0.5)
+    expected, local = train(kit, m)
+    got, hist = train(kit, m, client, replicas=replicas)
+    kit.assert_same_variables(expected, got, rtol=1e-9)
+    np.testing.assert_allclose(hist[m["loss"].name], local[m["loss"].name], rtol=1e-9)
+
+
+def test_second_fit_with_dropout_continues_like_local(kit, client):
+    m = kit.mlp(dropout=0.5)
+    local = wb.Session(m["graph"], seed=SEED, cluster=False)
+    remote = wb.Session(m["graph"], seed=SEED, cluster=client)
+    for sess in (local, remote):
+        for steps in (3, 4):  # each fit's random draws are keyed by its own steps, on both
+            sess.fit(m["train"], kit.blobs(), batch_size=BATCH, steps=steps)
+    kit.assert_same_variables(local.variables, remote.variables, rtol=1e-9)
+
+
 def test_second_fit_continues_like_local(kit, client):
     m = kit.mlp()
     local = wb.Session(m["graph"], seed=SEED, cluster=False)
