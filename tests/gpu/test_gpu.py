@@ -148,3 +148,45 @@ def test_fused_kernels_on_flat_views_match_broadcasting():
     assert flat.shape == strided.shape == (64, 8, 33)
     np.testing.assert_array_equal(cp.asnumpy(flat), cp.asnumpy(strided))
     np.testing.assert_array_equal(cp.asnumpy(flat), np.maximum(cp.asnumpy(a) + cp.asnumpy(b), 0))
+
+
+@pytest.mark.parametrize("size", [4, 7, 1023, 1 << 20, (1 << 20) + 3])
+def test_vectorized_kernels_match_elementwise_kernels(size):
+    from workbench.gpu.kernels import vector_layout
+
+    rng = np.random.default_rng(size)
+    program = (  # an Adam step: lr_t * m / (sqrt(v) + eps), lr_t a 0-d array
+        ("multiply", (0, 1), (), "float32"),
+        ("sqrt", (2,), (), "float32"),
+        ("constant", (), (("value", 1e-8),), "float32"),
+        ("add", (4, 5), (), "float32"),
+        ("divide", (3, 6), (), "float32"),
+    )
+    gpu = wb.Session(wb.Graph(), device="gpu")._gpu
+    kernels = gpu.kernels
+    lr = cp.asarray(np.float32(1e-3))
+    m, v = cp.asarray(rng.normal(size=size + 1).astype(np.float32)), cp.asarray(rng.random(size + 1).astype(np.float32))
+    call = REGISTRY["fused_elementwise"].kernel
+    before = kernels.vector_calls
+    got = call(gpu.xp, lr, m[:size], v[:size], program=program)  # aligned views: vectorized
+    assert kernels.vector_calls == before + 1
+    elementwise = kernels(gpu.xp, program, [lr, m, v])
+    reference = elementwise.elementwise(lr, m[:size], v[:size])  # the ElementwiseKernel alone
+    np.testing.assert_allclose(cp.asnumpy(got), cp.asnumpy(reference), rtol=1e-6)
+    np.testing.assert_allclose(cp.asnumpy(got), run_program(np, program, [cp.asnumpy(a) for a in (lr, m[:size], v[:size])]), rtol=1e-5)
+    shifted = call(gpu.xp, lr, m[1:], v[1:], program=program)  # 4 bytes past alignment: the elementwise kernel
+    assert vector_layout((lr, m[1:], v[1:]), lambda a: a.data.ptr) is None and kernels.vector_calls == before + 1
+    np.testing.assert_allclose(cp.asnumpy(shifted), cp.asnumpy(elementwise.elementwise(lr, m[1:], v[1:])), rtol=1e-6)
+
+
+def test_vectorized_kernels_fall_back_for_broadcasting():
+    rng = np.random.default_rng(5)
+    program = (("add", (0, 1), (), "float32"), ("relu", (2,), (), "float32"))
+    xp = wb.Session(wb.Graph(), device="gpu").xp
+    a = cp.asarray(rng.normal(size=(64, 33)).astype(np.float32))
+    row = cp.asarray(rng.normal(size=(33,)).astype(np.float32))
+    fused = REGISTRY["fused_elementwise"].kernel
+    expected = np.maximum(cp.asnumpy(a) + cp.asnumpy(row), 0)
+    np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, row, program=program)), expected)  # broadcast: N-d kernel
+    np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, a.T.copy().T, program=program)), np.maximum(2 * cp.asnumpy(a), 0))
+    np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, cp.broadcast_to(row, a.shape) + 0, program=program)), expected)

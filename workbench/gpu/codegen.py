@@ -101,8 +101,8 @@ def expression(op_type: str, args, out_dtype: str, attrs: dict | None = None) ->
     return C_EXPRESSIONS[op_type].format(*args, T=ctype)
 
 
-def kernel_source(program, in_dtypes) -> tuple[str, str, str] | None:
-    """``(in_params, out_params, body)`` of a ``cupy.ElementwiseKernel``, or None if unsupported."""
+def body_lines(program, in_dtypes) -> tuple[list[str], str, str] | None:
+    """The C lines of ``program`` over inputs ``in0``, ``in1`` ...: ``(lines, result name, result dtype)``."""
     dtypes = list(in_dtypes)
     names = [f"in{i}" for i in range(len(dtypes))]
     if any(d not in C_TYPES for d in dtypes):
@@ -122,10 +122,74 @@ def kernel_source(program, in_dtypes) -> tuple[str, str, str] | None:
         lines.append(f"const {C_TYPES[dtype]} v{k} = {expression(kind, [names[r] for r in refs], dtype, dict(attrs))};")
         names.append(f"v{k}")
         dtypes.append(dtype)
-    out_dtype = dtypes[-1]
-    lines.append(f"out0 = {names[-1]};")
+    return lines, names[-1], dtypes[-1]
+
+
+def kernel_source(program, in_dtypes) -> tuple[str, str, str] | None:
+    """``(in_params, out_params, body)`` of a ``cupy.ElementwiseKernel``, or None if unsupported."""
+    found = body_lines(program, in_dtypes)
+    if found is None:
+        return None
+    lines, result, out_dtype = found
     params = ", ".join(f"{d} in{i}" for i, d in enumerate(in_dtypes))
-    return params, f"{out_dtype} out0", "\n".join(lines)
+    return params, f"{out_dtype} out0", "\n".join([*lines, f"out0 = {result};"])
+
+
+#: Threads per block of the vectorized kernels (their grid is a few blocks per SM).
+VECTOR_BLOCK = 256
+VECTOR_LANES = ("x", "y", "z", "w")
+
+
+def vector_kernel_source(program, n_inputs: int, scalars=()) -> tuple[str, str] | None:
+    """``(name, CUDA source)`` of a float32 kernel that runs ``program`` 4 elements per thread.
+
+    Full inputs are read, and the output written, as ``float4`` (16-byte loads and
+    stores) in a grid-stride loop over ``n / 4`` vectors; the last ``n % 4``
+    elements take a plain loop. Inputs whose position is in ``scalars`` hold one
+    element, read once per thread (a 0-d array broadcast over the others). The
+    caller checks that full inputs and the output are 16-byte aligned.
+    Signature: ``(const float* in0, ..., float* out0, long long n)``.
+    """
+    found = body_lines(program, ["float32"] * n_inputs)
+    if found is None or found[2] != "float32" or len(scalars) >= n_inputs:
+        return None
+    lines, result, _ = found
+    args = [f"in{i}" for i in range(n_inputs)]
+    op = "\n".join(
+        [f"__device__ __forceinline__ float wb_op({', '.join(f'const float {a}' for a in args)}) {{"]
+        + [f"    {line}" for line in lines]
+        + [f"    return {result};", "}"]
+    )
+    full = [i for i in range(n_inputs) if i not in scalars]
+    params = ", ".join([*(f"const float* __restrict__ p{i}" for i in range(n_inputs)), "float* out0", "long long n"])
+    name = f"wb_vec4_{zlib.crc32(f'{op} {sorted(scalars)}'.encode()):08x}"
+    lane = lambda c: ", ".join(f"s{i}" if i in scalars else f"a{i}.{c}" for i in range(n_inputs))  # noqa: E731
+    element = ", ".join(f"s{i}" if i in scalars else f"p{i}[i]" for i in range(n_inputs))
+    body = [
+        f'extern "C" __global__ void {name}({params}) {{',
+        *(f"    const float s{i} = p{i}[0];" for i in sorted(scalars)),
+        "    const long long start = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+        "    const long long stride = (long long)blockDim.x * gridDim.x;",
+        "    const long long n4 = n / 4;",
+        "    float4* out4 = reinterpret_cast<float4*>(out0);",
+        "    for (long long i = start; i < n4; i += stride) {",
+        *(f"        const float4 a{i} = reinterpret_cast<const float4*>(p{i})[i];" for i in full),
+        "        float4 r;",
+        *(f"        r.{c} = wb_op({lane(c)});" for c in VECTOR_LANES),
+        "        out4[i] = r;",
+        "    }",
+        "    for (long long i = n4 * 4 + start; i < n; i += stride) {",
+        f"        out0[i] = wb_op({element});",
+        "    }",
+        "}",
+    ]
+    return name, op + "\n\n" + "\n".join(body) + "\n"
+
+
+def vector_grid(n: int, multiprocessors: int) -> int:
+    """Blocks of a vectorized launch over ``n`` elements: enough for every vector, at most 8 per SM."""
+    vectors = max(1, (n + 3) // 4)
+    return max(1, min(multiprocessors * 8, (vectors + VECTOR_BLOCK - 1) // VECTOR_BLOCK))
 
 
 def kernel_name(body: str) -> str:
