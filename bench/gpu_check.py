@@ -379,6 +379,44 @@ def measure_fused(env, report, copy_gbps, dry):
     return rows
 
 
+def bench_host_overhead(env, report):
+    """Microseconds per training step of a tiny MLP (16-16-16-10, batch 8, Adam), where the
+    device does next to nothing: the host's Python and launch cost per step and per kernel call."""
+    banner("(b) host overhead per step: tiny MLP, launches and Python dominate")
+    sizes, batch = [16, 16, 16, 10], 8
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((batch, sizes[0]), dtype=np.float32)
+    Y = rng.integers(0, sizes[-1], batch)
+    g, train, _ = mlp_graph(sizes, "float32")
+    sess = wb.Session(g, **env.session_options)
+    dx, dy = env.to_device(X), env.to_device(Y)
+    sess.run(train, {"x": dx, "y": dy})
+    (plan, _), *_ = sess._plans.values()
+    kernels = getattr(sess._gpu, "kernels", None)
+    vector_before = getattr(kernels, "vector_calls", 0)
+    repeats, number = 5, 100
+    step = env.time(lambda: sess.run(train, {"x": dx, "y": dy}), repeats=repeats, number=number)
+    row = {"workbench_us": step * 1e6, "kernel_calls": len(plan), "us_per_call": step * 1e6 / len(plan),
+           "vector_kernel_calls_per_step": (getattr(kernels, "vector_calls", 0) - vector_before) / (1 + repeats * number)}  # fmt: skip
+    torch = env.torch
+    if torch is not None:
+        model, opt = torch_mlp_step(env, sizes, batch)
+        tx, ty = torch.from_numpy(X).to(env.torch_device), torch.from_numpy(Y).to(env.torch_device)
+
+        def torch_step():
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(tx), ty).backward()
+            opt.step()
+
+        row["torch_us"] = env.time(torch_step, repeats=5, number=100) * 1e6
+        row["ratio"] = row["torch_us"] / row["workbench_us"]
+    print(f"workbench {row['workbench_us']:8.1f} us/step, {len(plan)} kernel calls, {row['us_per_call']:5.1f} us/call, "
+          f"{row['vector_kernel_calls_per_step']:.1f} vectorized fused calls/step; "
+          f"torch {row.get('torch_us', float('nan')):8.1f} us/step; torch/workbench {row.get('ratio', float('nan')):.2f}")  # fmt: skip
+    report["host_overhead"] = row
+    return row
+
+
 def torch_mlp_step(env, sizes, batch):
     torch = env.torch
     dev = env.torch_device
@@ -532,12 +570,14 @@ def main(argv=None) -> int:
         except Exception:  # noqa: BLE001 - a crash in one check must not hide the others
             traceback.print_exc()
             ok = False
-    for section in ("ceilings", "fused", "mlp"):
+    for section in ("ceilings", "fused", "overhead", "mlp"):
         try:
             if section == "ceilings":
                 ceilings = measure_ceilings(env, report, dry)
             elif section == "fused" and not deadline_passed(args.time_limit):
                 measure_fused(env, report, ceilings["copy_gbps"], dry)
+            elif section == "overhead" and not deadline_passed(args.time_limit):
+                bench_host_overhead(env, report)
             elif section == "mlp":
                 bench_mlp(env, report, dry, args.time_limit)
         except Exception:  # noqa: BLE001 - timings are reported, never fatal

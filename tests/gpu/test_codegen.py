@@ -119,3 +119,18 @@ def test_emulated_gpu_session_feeds_fetches_and_fits(graph):
     assert len(hist.records) == 3 and isinstance(sess.variables["w"], np.ndarray)
     with pytest.raises(wb.FeedError, match="placeholder 'x' expects shape"):
         sess.run(loss, {"x": np.zeros((2, 3)), "y": [0, 1]})
+
+
+def test_direct_calls_keep_the_namespace_but_skip_its_wrappers():
+    import array_api_compat.numpy as compat
+
+    from workbench.gpu.device import direct_calls
+
+    xp = direct_calls(np, compat)
+    a = np.arange(6.0).reshape(2, 3)
+    assert xp.__name__ == compat.__name__ and xp.matmul is np.matmul and xp.sum is compat.sum
+    np.testing.assert_array_equal(xp.matrix_transpose(a), a.T)
+    np.testing.assert_array_equal(xp.reshape(a, (3, 2)), a.reshape(3, 2))
+    assert not np.shares_memory(xp.reshape(a, (6,), copy=True), a)
+    with pytest.raises(ValueError, match="at least 2-dimensional"):
+        xp.matrix_transpose(np.ones(3))

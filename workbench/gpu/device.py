@@ -47,7 +47,7 @@ def array_namespace(cupy):
     try:
         import array_api_compat.cupy as xp
 
-        return xp
+        return direct_calls(cupy, xp)
     except ImportError:
         missing = [n for n in ("astype", "pow", "permute_dims", "concat", "matrix_transpose") if not hasattr(cupy, n)]
         if missing:
@@ -56,6 +56,30 @@ def array_namespace(cupy):
                 "pip install array-api-compat"
             ) from None
         return cupy
+
+
+def direct_calls(cupy, xp):
+    """``xp`` with its hottest wrappers (matmul, matrix_transpose, reshape) replaced by plain CuPy calls.
+
+    array-api-compat wraps these to pass its namespace along; on a training step's
+    dozens of calls the wrappers' Python shows up in the host time per step.
+    """
+    import types
+
+    fast = types.ModuleType(xp.__name__, xp.__doc__)
+    fast.__dict__.update(xp.__dict__)
+    compat_reshape = xp.reshape
+
+    def matrix_transpose(x, /):
+        if x.ndim < 2:
+            raise ValueError("x must be at least 2-dimensional for matrix_transpose")
+        return x.swapaxes(-1, -2)
+
+    def reshape(x, /, shape, *, copy=None, **kwargs):
+        return cupy.reshape(x, shape) if copy is None and not kwargs else compat_reshape(x, shape, copy=copy, **kwargs)
+
+    fast.matmul, fast.matrix_transpose, fast.reshape = cupy.matmul, matrix_transpose, reshape
+    return fast
 
 
 def parse_device(device: str) -> int:
