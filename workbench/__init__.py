@@ -41,8 +41,8 @@ from workbench.session import Session
 from workbench.training import History
 
 from workbench.ops import (  # noqa: E402, F401 - the public op functions
-    abs, add, assign, assign_add, assign_sub, cast, concat, constant, conv2d, divide, dropout,
-    equal, exp, expand_dims, gather, greater, greater_equal, identity, less, less_equal, log,
+    abs, add, all, assign, assign_add, assign_sub, cast, concat, constant, conv2d, divide, dropout,
+    equal, exp, expand_dims, gather, greater, greater_equal, identity, isfinite, less, less_equal, log,
     log_softmax, matmul, max, max_pool2d, maximum, mean, minimum, multiply, negative, not_equal,
     one_hot, ones_like, placeholder, pow, relu, reshape, sigmoid, sign, softmax,
     softmax_cross_entropy, sqrt, stack, stop_gradient, subtract, sum, tanh, transpose, variable,

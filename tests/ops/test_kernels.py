@@ -224,6 +224,8 @@ KERNEL_CASES: dict[str, list[KCase]] = {
     "greater_equal": [K([X34, Y34], np.greater_equal), K([ints(1, 2, 3), ints(2, 2, 2)], np.greater_equal)],
     "equal": [K([X34, Y34], np.equal), K([ints(1, 2, 3), ints(2, 2, 2)], np.equal)],
     "not_equal": [K([X34, Y34], np.not_equal), K([ints(1, 2, 3), ints(2, 2, 2)], np.not_equal)],
+    "isfinite": [K([np.array([[1.0, np.inf, -np.inf], [np.nan, -0.0, 1e300]])], np.isfinite),
+                 K([np.array([1.0, 7e4, -np.inf], dtype=np.float32)], np.isfinite)],
     "negative": [K([normal(3, 4)], np.negative), K([ints(1, -2)], np.negative)],
     "exp": [K([normal(3, 4)], np.exp), K([normal(3, 4, dtype=np.float32)], np.exp)],
     "log": [K([positive(3, 4)], np.log)],
@@ -257,6 +259,9 @@ KERNEL_CASES: dict[str, list[KCase]] = {
     "sum": reduce_cases(np.sum, normal(2, 3, 4)) + [K([ints(1, 2, 3, dtype=np.int32)], lambda x: np.int32(6), axis=None,
                                                       keepdims=False)],
     "mean": reduce_cases(np.mean, normal(2, 3, 4)),
+    "all": [K([np.isfinite(np.array([[1.0, np.inf, 2.0], [0.0, 1.0, 3.0]]))], lambda x, a=a, k=k: np.all(x, axis=a, keepdims=k),
+              axis=a, keepdims=k) for a, k in [(None, False), (1, False), (0, True), ((0, 1), False)]] +
+           [K([np.ones((2, 3), dtype=bool)], lambda x: np.all(x), axis=None, keepdims=False)],
     "max": reduce_cases(np.max, normal(2, 3, 4)) + [K([ints(4, 9, 2)], lambda x: np.int64(9), axis=0, keepdims=False)],
     "unreduce": [K([normal(2, 4), normal(2, 3, 4)], lambda g, x: np.broadcast_to(g[:, None, :], x.shape),
                    axis=1, keepdims=False, mean=False),

@@ -17,6 +17,7 @@ from workbench.ops.array import (
 from workbench.ops.math import (
     abs,
     add,
+    all,
     broadcast_like,
     cast,
     divide,
@@ -25,6 +26,7 @@ from workbench.ops.math import (
     greater,
     greater_equal,
     identity,
+    isfinite,
     less,
     less_equal,
     log,
@@ -67,9 +69,9 @@ from workbench.ops.state import assign, assign_add, assign_sub, constant, placeh
 
 #: The op functions users call (``wb.matmul`` ...), by name.
 PUBLIC = (
-    "abs", "add", "assign", "assign_add", "assign_sub", "cast", "concat", "constant", "conv2d",
+    "abs", "add", "all", "assign", "assign_add", "assign_sub", "cast", "concat", "constant", "conv2d",
     "divide", "dropout", "equal", "exp", "expand_dims", "gather", "greater", "greater_equal",
-    "identity", "less", "less_equal", "log", "log_softmax", "matmul", "max", "max_pool2d",
+    "identity", "isfinite", "less", "less_equal", "log", "log_softmax", "matmul", "max", "max_pool2d",
     "maximum", "mean", "minimum", "multiply", "negative", "not_equal", "one_hot", "ones_like",
     "placeholder", "pow", "relu", "reshape", "sigmoid", "sign", "softmax",
     "softmax_cross_entropy", "sqrt", "stack", "stop_gradient", "subtract", "sum", "tanh",

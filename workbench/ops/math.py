@@ -7,6 +7,8 @@ gradient) on adjacent lines. Broadcasting in gradients is undone centrally by
 
 from __future__ import annotations
 
+import builtins
+
 from workbench.errors import DTypeError, ShapeError
 from workbench.ops import rules
 from workbench.ops.registry import TensorSpec, apply, as_dtype, defop, is_float
@@ -163,6 +165,20 @@ defop("greater", infer=_compare_spec, kernel=lambda xp, a, b: a > b, nondiff=_BO
 defop("greater_equal", infer=_compare_spec, kernel=lambda xp, a, b: a >= b, nondiff=_BOOLEAN, elementwise=True)
 defop("equal", infer=_compare_spec, kernel=lambda xp, a, b: a == b, nondiff=_BOOLEAN, elementwise=True)
 defop("not_equal", infer=_compare_spec, kernel=lambda xp, a, b: a != b, nondiff=_BOOLEAN, elementwise=True)
+
+
+def isfinite(x, name=None):
+    """Whether each element of ``x`` is neither infinite nor NaN (a bool tensor)."""
+    return apply("isfinite", x, name=name)
+
+
+def _isfinite_spec(x: TensorSpec) -> TensorSpec:
+    rules.need_float(x)
+    return TensorSpec(x.shape, "bool")
+
+
+# Not flagged elementwise: its use (loss scaling) feeds a reduction at once, nothing to fuse.
+defop("isfinite", infer=_isfinite_spec, kernel=lambda xp, x: xp.isfinite(x), nondiff=_BOOLEAN)
 
 # -- elementwise unary ----------------------------------------------------------
 
@@ -441,6 +457,21 @@ defop("max", infer=_reduce_spec,
       kernel=lambda xp, x, *, axis, keepdims: xp.max(x, axis=axis, keepdims=keepdims),
       grad=_max_grad)  # fmt: skip
 
+
+def all(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
+    """Whether every element of the bool tensor ``x`` is true, over ``axis``."""
+    return apply("all", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def _all_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    if x.dtype != "bool":
+        raise DTypeError(f"needs a bool tensor, got {x.dtype}; compare it first (for example with isfinite)")
+    return _reduce_spec(x, axis=axis, keepdims=keepdims)
+
+
+defop("all", infer=_all_spec, nondiff=_BOOLEAN,
+      kernel=lambda xp, x, *, axis, keepdims: xp.all(x, axis=axis, keepdims=keepdims))  # fmt: skip
+
 # -- broadcasting helpers used by gradients ----------------------------------------------
 
 
@@ -455,7 +486,7 @@ def unreduce(g, x, axis=None, keepdims=False, mean=False, name=None):
 
 def _unreduce_spec(g: TensorSpec, x: TensorSpec, *, axis, keepdims, mean) -> TensorSpec:
     expected = rules.reduced_shape(x.shape, axis, keepdims)
-    if len(g.shape) != len(expected) or not all(map(rules.dims_match, g.shape, expected)):
+    if len(g.shape) != len(expected) or not builtins.all(map(rules.dims_match, g.shape, expected)):
         raise ShapeError(f"{rules.fmt(g.shape)} is not {rules.fmt(x.shape)} reduced over axis {axis}")
     return TensorSpec(x.shape, g.dtype)
 
@@ -500,7 +531,7 @@ def _reduce_to_like_kernel(xp, g, x):
         return g
     lead = g.ndim - x.ndim
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(x.shape) if d == 1 and g.shape[lead + i] != 1)
-    if x.ndim and all(a < lead for a in axes):  # already x's shape, and not a view: later steps may write into it
+    if x.ndim and builtins.all(a < lead for a in axes):  # already x's shape, and not a view: later steps may write into it
         return xp.sum(g, axis=axes)
     return xp.reshape(xp.sum(g, axis=axes, keepdims=True), x.shape)
 
