@@ -33,7 +33,8 @@ class Session:
         Reserved for distributed execution.
     device : {"cpu", "gpu", "gpu:<index>"}
         Where kernels run. On a GPU (CuPy) variables stay on the device, feeds
-        go up once per run and results come back as NumPy.
+        go up once per run and results come back as NumPy. With a cluster,
+        ``fit`` runs each worker's plans on its GPU (see :mod:`workbench.cluster.program`).
     **device_options
         For ``device="gpu"``: ``memory_pool``, ``memory_limit``, ``results``
         (``"numpy"`` or ``"device"``), ``fuse``, ``cuda_graphs`` (replay
@@ -58,7 +59,7 @@ class Session:
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
         self.seed = int(seed)
         self.client, self._owns_client = _client_for(cluster)
-        self.device = device
+        self.device, self.device_options = device, dict(device_options)
         self.xp = np
         self._gpu = None
         if device != "cpu":

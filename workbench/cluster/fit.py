@@ -22,7 +22,7 @@ from workbench import checkpoint
 from dask.task_spec import TaskRef
 
 from workbench.cluster.lower import combine_tasks, replica_tasks
-from workbench.cluster.program import TrainingProgram, initial_state
+from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
 from workbench.training import History, batch_indices
@@ -78,7 +78,9 @@ class ClusterFit:
         self.backups = int(backup_replicas)
         if self.backups < 0:
             raise ClusterError(f"backup_replicas must be 0 or more, got {backup_replicas}")
-        self.program = TrainingProgram.from_graph(self.graph, train, fetches, seed=session.seed)
+        self.program = TrainingProgram.from_graph(
+            self.graph, train, fetches, seed=session.seed, device=session.device, device_options=session.device_options
+        )
         missing = set(self.program.feeds) - set(data)
         if missing:
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
@@ -97,7 +99,7 @@ class ClusterFit:
                 raise ClusterError(f"checkpoint in {self.checkpoint_dir!r} lacks variables {sorted(missing)}")
             return {n: variables[n] for n in self.program.state_variables}, min(step, self.steps)
         self.session._ensure_initialized(self.program.state_variables)
-        return {n: np.asarray(self.session._state[n]) for n in self.program.state_variables}, 0
+        return {n: np.asarray(self.session._to_host(self.session._state[n])) for n in self.program.state_variables}, 0
 
     def _scatter(self, variables: dict, step: int) -> None:
         client = self.client
@@ -241,7 +243,11 @@ class ClusterFit:
             self.callback(record)
 
     def _sync(self, step: int) -> None:
-        state = self.updates.pop(step).result(timeout=self.step_timeout)
+        update = self.updates.pop(step)
+        if self.program.device != "cpu":  # the worker copies the variables off its GPU
+            key = (f"{self.graph.name}-step-{step}-host", self.token)
+            update = self.client.submit(host_state, update, key=key, pure=False)
+        state = update.result(timeout=self.step_timeout)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}
         self.host = (variables, step)
         # the next steps start from this copy: the lineage ends here

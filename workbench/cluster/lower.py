@@ -145,6 +145,8 @@ def lower(
     variables: dict | None = None,
     seed: int = 0,
     batch_seed=None,
+    device: str = "cpu",
+    device_options: dict | None = None,
 ) -> Lowered:
     """Lower ``steps`` of synchronous data-parallel training to a Dask task graph.
 
@@ -156,6 +158,7 @@ def lower(
     fetches : tensors each replica computes (their weighted sum is in the metrics).
     variables : starting values (default: the graph's initializers with ``seed``).
     batch_seed : what seeds the batch order (default ``seed``).
+    device, device_options : where workers run the plans (see :class:`TrainingProgram`).
 
     Examples
     --------
@@ -173,7 +176,7 @@ def lower(
     >>> state["step"], state["variables"]["w"].round(3).tolist()
     (3, [0.392, 0.392])
     """
-    program = TrainingProgram.from_graph(graph, train, _names(fetches), seed=seed)
+    program = TrainingProgram.from_graph(graph, train, _names(fetches), seed=seed, device=device, device_options=device_options)
     arrays = {_name(k): np.asarray(v) for k, v in data.items()}
     missing = set(program.feeds) - set(arrays)
     if missing:

@@ -5,6 +5,15 @@ the workers once. Each worker process compiles it into two plans the first time
 it sees it and keeps them: the **replica** plan computes the gradients (and the
 fetches) of one shard, the **update** plan applies the optimizer to reduced
 gradients. The task functions below are what the Dask graph calls.
+
+On GPU workers (a program with ``device="gpu"``) both plans run with the GPU
+namespace and fusion of :class:`workbench.gpu.GPU`, as a local GPU session's
+do: each replica task copies its shard to the device once, and variables and
+gradients stay CuPy arrays in the task results from replica to reduce to
+update. Distributed serializes CuPy arrays itself: over TCP a move between
+workers goes through host memory, with UCX (``ucx://`` addresses, when
+installed) device to device. What the client reads (metrics, the variables of
+a sync) is converted to NumPy on the worker first.
 """
 
 from __future__ import annotations
@@ -41,6 +50,12 @@ class TrainingProgram:
     replica_variables, state_variables : tuple of str
         Variables the replicas read; every variable the update reads or writes.
     seed : int
+    device : {"cpu", "gpu"}
+        Where workers run the plans: NumPy, or each worker's first visible GPU
+        (dask-cuda gives every worker its own GPU as device 0).
+    device_options : tuple of (name, value)
+        Options of :class:`workbench.gpu.GPU` for the workers (``memory_pool``,
+        ``memory_limit``, ``fuse``, ``emulate``).
     """
 
     graph_json: str
@@ -52,9 +67,13 @@ class TrainingProgram:
     state_variables: tuple
     seed: int = 0
     digest: str = field(default="", compare=False)
+    device: str = "cpu"
+    device_options: tuple = ()
 
     @classmethod
-    def from_graph(cls, graph: Graph, train, fetches=(), seed: int = 0) -> TrainingProgram:
+    def from_graph(
+        cls, graph: Graph, train, fetches=(), seed: int = 0, device: str = "cpu", device_options: dict | None = None
+    ) -> TrainingProgram:
         """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded."""
         train_name = train.name if isinstance(train, Operation) else train.op.name if hasattr(train, "op") else str(train)
         record = graph.training.get(train_name)
@@ -79,28 +98,87 @@ class TrainingProgram:
         feeds = tuple(op.name for op in replica.operations if op.type == "placeholder")
         replica_vars = tuple(op.name for op in replica.operations if op.type == "variable")
         state_vars = tuple(sorted({op.name for op in update.operations if op.type == "variable"} | set(replica_vars)))
+        device, options = worker_device(device, device_options or {})
         text = graph.to_json()
         digest = hashlib.sha1(
-            "\0".join([text, train_name, *feeds, *gradients, *fetches, str(seed)]).encode()
+            "\0".join([text, train_name, *feeds, *gradients, *fetches, str(seed), device, repr(options)]).encode()
         ).hexdigest()[:16]
-        return cls(text, train_name, feeds, gradients, fetches, replica_vars, state_vars, seed, digest)
+        return cls(text, train_name, feeds, gradients, fetches, replica_vars, state_vars, seed, digest, device, options)
+
+
+WORKER_OPTIONS = ("memory_pool", "memory_limit", "fuse", "emulate")
+
+
+def worker_device(device: str, options: dict) -> tuple[str, tuple]:
+    """What a program tells workers about the device: ``"cpu"`` or ``"gpu"``, and the options that apply there.
+
+    Any ``"gpu:<i>"`` becomes ``"gpu"``: a worker's GPU is its own first visible one.
+    Options that only concern the client's session (``results``, ``cuda_graphs``) are left out.
+    """
+    device = str(device)
+    if device == "cpu":
+        if options:
+            raise ClusterError(f"device 'cpu' takes no options, got {', '.join(sorted(options))}")
+        return "cpu", ()
+    if not device.startswith("gpu"):
+        raise ClusterError(f"unknown device {device!r} for workers; use 'cpu' or 'gpu'")
+    kept = {k: v for k, v in options.items() if k in WORKER_OPTIONS}
+    odd = sorted(k for k, v in kept.items() if not isinstance(v, (str, int, float, bool, type(None))))
+    if odd:
+        raise ClusterError(f"device options {odd} must be plain values to reach the workers (a pool object cannot)")
+    return "gpu", tuple(sorted(kept.items()))
 
 
 class _Compiled:
-    """The two plans of a program in one worker process, each with its own state dict."""
+    """The two plans of a program in one worker process, each with its own state dict.
+
+    ``gpu`` is the worker's :class:`workbench.gpu.GPU` (None on NumPy); plans are
+    rewritten (fused) and run with its namespace, like a local GPU session's.
+    """
 
     def __init__(self, program: TrainingProgram):
         graph = Graph.from_json(program.graph_json)
+        self.gpu = worker_gpu(program.device, program.device_options)
+        xp = np if self.gpu is None else self.gpu.xp
         self.replica_state: dict[str, Any] = {}
         self.update_state: dict[str, Any] = {}
         fetches = list(program.gradients) + list(program.fetches)
-        replica = optimize(graph, fetches, fed=program.feeds)
-        self.replica = Plan(replica, fetches, list(program.feeds), np, self.replica_state, program.seed)
-        update = optimize(graph, [program.train], fed=program.gradients)
+        replica = self._rewrite(optimize(graph, fetches, fed=program.feeds), fetches)
+        self.replica = Plan(replica, fetches, list(program.feeds), xp, self.replica_state, program.seed)
+        update = self._rewrite(optimize(graph, [program.train], fed=program.gradients), [program.train])
         order = [op.name for op in update.operations if op.type == "placeholder"]
         names = {graph.get(g).op.name: i for i, g in enumerate(program.gradients)}
         self.update_order = [names[n] for n in order]
-        self.update = Plan(update, [program.train], order, np, self.update_state, program.seed)
+        self.update = Plan(update, [program.train], order, xp, self.update_state, program.seed)
+
+    def _rewrite(self, graph: Graph, fetches: list[str]) -> Graph:
+        return graph if self.gpu is None else self.gpu.rewrite(graph, fetches)
+
+    def variables(self, state: dict, names) -> dict:
+        """``state``'s variables ``names``; on a GPU worker copied to the device where they are
+        host arrays (the state a sync or restart scattered), and the GPU made current in this
+        thread (CuPy's current device is per thread)."""
+        variables = state["variables"]
+        gpu = self.gpu
+        if gpu is None or gpu.emulated:
+            return {n: variables[n] for n in names}
+        gpu.cupy.cuda.Device(gpu.index).use()
+        return {n: variables[n] if gpu.is_device_array(variables[n]) else gpu.to_device(variables[n]) for n in names}
+
+
+_GPUS: dict[tuple, Any] = {}
+
+
+def worker_gpu(device: str, options: tuple):
+    """This worker process's GPU for ``options`` (opened once), or None for ``"cpu"``."""
+    if device == "cpu":
+        return None
+    found = _GPUS.get(options)
+    if found is None:
+        from workbench.gpu import GPU  # CuPy is imported only by GPU workers
+
+        found = _GPUS[options] = GPU("gpu", **dict(options))
+    return found
 
 
 _COMPILED: dict[str, _Compiled] = {}
@@ -127,6 +205,27 @@ def _worker_address() -> str:
 # -- the task functions -------------------------------------------------------------------
 
 
+def to_host(value) -> np.ndarray:
+    """``value`` as a NumPy array; a CuPy array is copied off the device (and waited for)."""
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("cupy"):
+        return value.get()
+    return np.asarray(value)
+
+
+def host_state(state: dict) -> dict:
+    """A state with every variable as a NumPy array: what a sync brings to the client."""
+    return {**state, "variables": {n: to_host(v) for n, v in state["variables"].items()}}
+
+
+def _scale(value, weight: float):
+    """``value * weight`` in ``value``'s dtype."""
+    if isinstance(value, np.ndarray):
+        return np.multiply(value, weight, dtype=value.dtype)
+    return value * value.dtype.type(weight)
+
+
 def take_rows(source, index: np.ndarray) -> np.ndarray:
     """Rows ``index`` of a data source: an array, or ``(offsets, chunks)`` of a chunked one."""
     if isinstance(source, np.ndarray):
@@ -150,16 +249,20 @@ def replica_gradients(
     """
     started = time.perf_counter()
     plan = compiled(program)
-    variables = state["variables"]
     plan.replica_state.clear()
-    plan.replica_state.update({n: variables[n] for n in program.replica_variables})
+    plan.replica_state.update(plan.variables(state, program.replica_variables))
     rows = [take_rows(source, index) for source in data]
+    if plan.gpu is not None:  # the shard goes to the device once, through pinned memory
+        rows = [plan.gpu.to_device(r) for r in rows]
     plan.replica.run_count = state["step"]  # random ops (dropout) draw per step
     plan.replica.row_offset = offset  # and per row of the global batch, however it is split
     values = plan.replica.run(rows)
     n = len(program.gradients)
-    grads = [np.multiply(g, weight, dtype=g.dtype) for g in values[:n]]
-    fetches = [np.asarray(v) * weight for v in values[n:]]
+    grads = [_scale(g, weight) for g in values[:n]]
+    if plan.gpu is None:
+        fetches = [np.asarray(v) * weight for v in values[n:]]
+    else:  # stay on the device until step_metrics
+        fetches = [v * weight for v in values[n:]]
     return {
         "grads": grads,
         "fetches": fetches,
@@ -191,7 +294,7 @@ def apply_update(program: TrainingProgram, state: dict, reduced: dict) -> dict:
     started = time.perf_counter()
     plan = compiled(program)
     plan.update_state.clear()
-    plan.update_state.update(state["variables"])
+    plan.update_state.update(plan.variables(state, state["variables"]))
     grads = reduced["grads"]
     plan.update.run([grads[i] for i in plan.update_order])
     return {
@@ -205,7 +308,7 @@ def apply_update(program: TrainingProgram, state: dict, reduced: dict) -> dict:
 def step_metrics(reduced: dict, new_state: dict) -> dict:
     """What the client reads each step: small numbers only, never the variables."""
     return {
-        "fetches": [f.item() if f.ndim == 0 else f for f in (np.asarray(v) for v in reduced["fetches"])],
+        "fetches": [f.item() if f.ndim == 0 else f for f in map(to_host, reduced["fetches"])],
         "compute": reduced["compute"],
         "reduce_seconds": reduced["reduce_seconds"],
         "update_seconds": new_state["update_seconds"],
