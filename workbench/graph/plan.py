@@ -151,7 +151,7 @@ class Plan:
                 and _owned(current)
                 and _holds_result(current, args)
                 and not _shared(current, slots, guard)
-                and not any(v is not current and _same_memory(v, current) for v in state.values())
+                and not _viewed(current, state.values(), but=current)
             ):  # fmt: skip
                 return inplace(current, current, *args)
             # an array, not a NumPy scalar (what 0-d arithmetic gives), so later updates can write into it
@@ -308,11 +308,22 @@ def _same_memory(v, a) -> bool:
 
 
 def _shared(a, slots: list, guard: tuple[int, ...]) -> bool:
-    """Some guarded slot holds ``a`` or a view of it."""
-    for s in guard:
-        v = slots[s]
-        if v is not None and _same_memory(v, a):
-            return True
+    """Some guarded slot holds ``a`` (an array that owns its memory) or a view of it."""
+    return _viewed(a, map(slots.__getitem__, guard))
+
+
+def _viewed(a, values, but=None) -> bool:
+    """Some value other than ``but`` is ``a`` (an array that owns its memory) or a view of it.
+
+    The inner loop of every in-place check, run a few hundred times a step: kept flat.
+    """
+    for v in values:
+        if v is but:
+            continue
+        while v is not None:
+            if v is a:
+                return True
+            v = getattr(v, "base", None)
     return False
 
 
