@@ -35,6 +35,7 @@ from workbench.graph import (
     name_scope,
     reset_default_graph,
 )
+from workbench.graph.precision import mixed_precision
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench.cluster import scaling_study
 from workbench.session import Session
@@ -55,7 +56,7 @@ __all__ = [
     "ClusterError", "DTypeError", "DeviceError", "ExecutionError", "EventStream", "FeedError", "FormatError",
     "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation", "Session",
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
-    "name_scope", "optimizers", "reset_default_graph", "scaling_study", "cluster", *_PUBLIC_OPS,
+    "mixed_precision", "name_scope", "optimizers", "reset_default_graph", "scaling_study", "cluster", *_PUBLIC_OPS,
 ]  # fmt: skip
 
 

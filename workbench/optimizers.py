@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from workbench import ops
 from workbench.errors import GradientError, GraphError
+from workbench.graph import precision
 from workbench.graph.core import Operation, Tensor, Variable, group
 from workbench.graph.gradients import gradients
+from workbench.loss_scale import LossScale, ScaleState, all_finite
 
-__all__ = ["Optimizer", "SGD", "Momentum", "Adam"]
+__all__ = ["Optimizer", "SGD", "Momentum", "Adam", "LossScale"]
 
 
 class Optimizer:
@@ -42,6 +44,7 @@ class Optimizer:
         self.weight_decay = float(weight_decay)
         self.clip_norm = clip_norm
         self.name = name or type(self).__name__
+        self._finite = None  # while a dynamically scaled update is built: whether its gradients are finite
 
     def compute_gradients(self, loss: Tensor, var_list=None) -> list[tuple[Tensor, Variable]]:
         """``(gradient, variable)`` pairs for the trainable variables ``loss`` depends on."""
@@ -59,23 +62,73 @@ class Optimizer:
 
     def apply_gradients(self, grads_and_vars, name: str | None = None) -> Operation:
         """The operation that updates every variable from its gradient."""
-        grads_and_vars = list(grads_and_vars)
+        return self._apply_gradients(list(grads_and_vars), name, None)
+
+    def _apply_gradients(self, grads_and_vars, name, scaling: ScaleState | None) -> Operation:
         graph = grads_and_vars[0][1].graph
         scope = _unused_scope(graph, self.name)
         raw = [[g.name, v.name] for g, v in grads_and_vars]
-        with graph.name_scope(scope):
-            if self.clip_norm is not None:
-                grads_and_vars = _clip_by_global_norm(grads_and_vars, self.clip_norm)
-            updates = self._apply(grads_and_vars)
+        with graph.name_scope(scope), precision.suspended():
+            dynamic = scaling is not None and scaling.good_steps is not None
+            self._finite = all_finite([g for g, _ in grads_and_vars]) if dynamic else None
+            try:
+                if self.clip_norm is not None:
+                    grads_and_vars = _clip_by_global_norm(grads_and_vars, self.clip_norm)
+                updates = self._apply(grads_and_vars)
+                if dynamic:
+                    updates += scaling.updates(self._finite)
+            finally:
+                self._finite = None
         update = group(*updates, name=name or f"{scope}/update")
         graph.training[update.name] = {"loss": None, "gradients": raw}
         return update
 
-    def minimize(self, loss: Tensor, var_list=None, name: str | None = None) -> Operation:
-        """Add gradients and updates for ``loss``; returns the update operation to run."""
-        update = self.apply_gradients(self.compute_gradients(loss, var_list), name=name)
+    def minimize(self, loss: Tensor, var_list=None, name: str | None = None, loss_scale=None) -> Operation:
+        """Add gradients and updates for ``loss``; returns the update operation to run.
+
+        Parameters
+        ----------
+        loss : scalar float Tensor
+        var_list : variables to train (default: every trainable variable ``loss`` depends on)
+        name : name of the update operation
+        loss_scale : None, ``"dynamic"``, a number or a :class:`LossScale`
+            For float16 compute (see :func:`wb.mixed_precision`): differentiate
+            ``loss * scale`` and divide the gradients by ``scale`` in the
+            variables' dtype. A dynamic scale (a variable, ``loss_scale/scale``)
+            leaves every variable as it was and halves the scale when a
+            gradient is not finite, and doubles it after ``growth_interval``
+            good steps. ``graph.training`` records the unscaled gradients, so
+            distributed training reduces those; the scale's update belongs to
+            the optimizer's update.
+        """
+        scaling = LossScale.of(loss_scale)
+        if scaling is None:
+            update = self.apply_gradients(self.compute_gradients(loss, var_list), name=name)
+        else:
+            with precision.suspended():
+                state = scaling.build(loss.graph, _unused_scope(loss.graph, "loss_scale"))
+                pairs = self.compute_gradients(state.scaled(loss), var_list)
+                pairs = [(state.unscaled(g), v) for g, v in pairs]
+            update = self._apply_gradients(pairs, name, state)
         update.graph.training[update.name]["loss"] = loss.name
         return update
+
+    def _assign(self, v: Variable, value) -> Tensor:
+        """``assign(v, value)``, or ``v`` unchanged when a dynamically scaled step has non-finite gradients."""
+        return ops.assign(v, value if self._finite is None else ops.where(self._finite, value, v))
+
+    def _assign_add(self, v: Variable, delta) -> Tensor:
+        return ops.assign_add(v, self._gated(v, delta))
+
+    def _assign_sub(self, v: Variable, delta) -> Tensor:
+        return ops.assign_sub(v, self._gated(v, delta))
+
+    def _gated(self, v: Variable, delta):
+        if self._finite is None:
+            return delta
+        if not isinstance(delta, Tensor):
+            delta = ops.constant(delta, dtype=v.dtype)
+        return ops.where(self._finite, delta, 0.0)  # a select: a NaN in delta stays out
 
     def _apply(self, grads_and_vars) -> list:
         raise NotImplementedError
@@ -91,7 +144,7 @@ class SGD(Optimizer):
     """Plain stochastic gradient descent: ``v -= lr * g``."""
 
     def _apply(self, grads_and_vars):
-        return [ops.assign_sub(v, self.learning_rate * self._decayed(g, v)) for g, v in grads_and_vars]
+        return [self._assign_sub(v, self.learning_rate * self._decayed(g, v)) for g, v in grads_and_vars]
 
 
 class Momentum(Optimizer):
@@ -106,9 +159,9 @@ class Momentum(Optimizer):
         for g, v in grads_and_vars:
             g = self._decayed(g, v)
             acc = self._slot(v, "momentum")
-            new_acc = ops.assign(acc, self.momentum * acc + g)
+            new_acc = self._assign(acc, self.momentum * acc + g)
             step = g + self.momentum * new_acc if self.nesterov else new_acc
-            updates.append(ops.assign_sub(v, self.learning_rate * step))
+            updates.append(self._assign_sub(v, self.learning_rate * step))
         return updates
 
 
@@ -122,18 +175,18 @@ class Adam(Optimizer):
     def _apply(self, grads_and_vars):
         dtype = grads_and_vars[0][1].dtype
         step = ops.variable("step", shape=(), init="zeros", dtype=dtype, trainable=False)
-        t = ops.assign_add(step, 1.0)
+        t = self._assign_add(step, 1.0)
         corrected = ops.sqrt(1.0 - ops.pow(self.beta2, t)) / (1.0 - ops.pow(self.beta1, t))
         updates = []
         for g, v in grads_and_vars:
             m, s = self._slot(v, "m"), self._slot(v, "v")
-            new_m = ops.assign(m, self.beta1 * m + (1.0 - self.beta1) * g)
-            new_s = ops.assign(s, self.beta2 * s + (1.0 - self.beta2) * (g * g))
+            new_m = self._assign(m, self.beta1 * m + (1.0 - self.beta1) * g)
+            new_s = self._assign(s, self.beta2 * s + (1.0 - self.beta2) * (g * g))
             lr_t = self.learning_rate * (corrected if v.dtype == dtype else ops.cast(corrected, v.dtype))
             delta = lr_t * new_m / (ops.sqrt(new_s) + self.epsilon)
             if self.weight_decay:
                 delta = delta + (self.learning_rate * self.weight_decay) * v
-            updates.append(ops.assign_sub(v, delta))
+            updates.append(self._assign_sub(v, delta))
         return updates
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from workbench import ops
 from workbench.errors import DTypeError, GraphError, ShapeError
+from workbench.graph import precision
 from workbench.ops import registry, rules
 from workbench.ops.registry import TensorSpec
 
@@ -405,6 +406,7 @@ def build(op_type: str, inputs, attrs: dict, name: str | None):
     source = user_source()
     like = next((t.dtype for t in inputs if isinstance(t, Tensor) and t.dtype != "bool"), None)
     tensors = tuple(_to_tensor(v, graph, like, source) for v in inputs)
+    tensors = precision.cast_inputs(op_type, tensors)  # inside ``wb.mixed_precision``
     op = graph.add_op(op_type, tensors, attrs, name, source=source)
     if len(op.outputs) == 1:
         return op.outputs[0]

@@ -6,6 +6,7 @@ from typing import Sequence
 
 from workbench import ops
 from workbench.errors import GradientError, GraphError
+from workbench.graph import precision
 from workbench.graph.core import Operation, Tensor
 from workbench.ops.registry import is_float
 
@@ -41,7 +42,7 @@ def gradients(ys, xs, grad_ys=None) -> list[Tensor | None]:
     path = _ops_between(graph, ys, xs)
     wanted = set(xs)
     partials: dict[Tensor, list[Tensor]] = {}
-    with graph.name_scope("gradients"):
+    with graph.name_scope("gradients"), precision.suspended():  # the backward pass keeps the forward's dtypes
         for y, gy in zip(ys, grad_ys):
             partials.setdefault(y, []).append(ops.ones_like(y) if gy is None else gy)
         for op in sorted(path, key=lambda o: o.index, reverse=True):
