@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one device run for issue 5: install the shipped wheels (dask, distributed, array-api-compat,
-# array-api-strict and their small dependencies) into /tmp/site, then run the GPU check and the
-# gpu-marked tests. Logs go to "$OUT" when it is set. Needs the repository's .whl folder.
+# array-api-strict and their small dependencies) into /tmp/site, then run the GPU check, the
+# gpu-marked tests and the check of training on GPU workers (two Dask workers sharing the GPU).
+# Logs go to "$OUT" when it is set. Needs the repository's .whl folder.
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 LOGS="${OUT:-/tmp}"
@@ -10,5 +11,7 @@ timeout 330 python3 bench/gpu_check.py --time-limit 200 2>&1 | tee "$LOGS/gpu_ch
 check=${PIPESTATUS[0]}
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu 2>&1 | tee "$LOGS/pytest_gpu.log"
 tests=${PIPESTATUS[0]}
-echo "gpu_check exit $check, pytest exit $tests"
-exit $(( check != 0 || tests != 0 ))
+timeout 120 python3 bench/gpu_cluster_check.py 2>&1 | tee "$LOGS/gpu_cluster_check.log"
+cluster=${PIPESTATUS[0]}
+echo "gpu_check exit $check, pytest exit $tests, gpu_cluster_check exit $cluster"
+exit $(( check != 0 || tests != 0 || cluster != 0 ))
