@@ -494,13 +494,12 @@ def _unreduce_spec(g: TensorSpec, x: TensorSpec, *, axis, keepdims, mean) -> Ten
 def _unreduce_kernel(xp, g, x, *, axis, keepdims, mean):
     axes = rules.axes_tuple(axis, x.ndim)
     kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
-    out = xp.broadcast_to(xp.reshape(g, tuple(kept)), x.shape)
-    if mean:
+    if mean:  # divide the reduced values, before they are broadcast
         count = 1
         for a in axes:
             count *= x.shape[a]
-        out = out / count
-    return out
+        g = g / count
+    return xp.broadcast_to(xp.reshape(g, tuple(kept)), x.shape)
 
 
 def _unreduce_grad(op, gg):

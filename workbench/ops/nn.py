@@ -78,7 +78,8 @@ def _sce_kernel(xp, logits, labels):
     z = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(z)
     s = xp.sum(e, axis=-1, keepdims=True)
-    picked = xp.take_along_axis(z, xp.expand_dims(xp.astype(labels, xp.int64, copy=False), axis=-1), axis=-1)
+    # x[..., None] rather than expand_dims: the same view, without NumPy's ~3 us of Python per call
+    picked = xp.take_along_axis(z, xp.astype(labels, xp.int64, copy=False)[..., None], axis=-1)
     return xp.log(s[..., 0]) - picked[..., 0], e / s
 
 
@@ -95,8 +96,8 @@ def raise_second_output(op):
 
 def _sce_grad_kernel(xp, probs, labels, g):
     classes = xp.arange(probs.shape[-1], dtype=labels.dtype)
-    hot = xp.astype(xp.expand_dims(labels, axis=-1) == classes, probs.dtype)
-    return (probs - hot) * xp.expand_dims(g, axis=-1)
+    hot = xp.astype(labels[..., None] == classes, probs.dtype)
+    return (probs - hot) * g[..., None]
 
 
 defop("softmax_cross_entropy", infer=_sce_spec, kernel=_sce_kernel, grad=_sce_grad, num_outputs=2)
