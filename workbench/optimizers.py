@@ -110,6 +110,8 @@ class Optimizer:
                 pairs = self.compute_gradients(state.scaled(loss), var_list)
                 pairs = [(state.unscaled(g), v) for g, v in pairs]
             update = self._apply_gradients(pairs, name, state)
+            if state.good_steps is not None:  # a cluster's replicas scale it by their share of the batch
+                update.graph.training[update.name]["loss_scale"] = state.scale.name
         update.graph.training[update.name]["loss"] = loss.name
         return update
 

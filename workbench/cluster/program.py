@@ -56,6 +56,8 @@ class TrainingProgram:
     device_options : tuple of (name, value)
         Options of :class:`workbench.gpu.GPU` for the workers (``memory_pool``,
         ``memory_limit``, ``fuse``, ``emulate``).
+    loss_scale : str
+        The variable of the optimizer's dynamic loss scale, or "".
     """
 
     graph_json: str
@@ -69,6 +71,7 @@ class TrainingProgram:
     digest: str = field(default="", compare=False)
     device: str = "cpu"
     device_options: tuple = ()
+    loss_scale: str = ""
 
     @classmethod
     def from_graph(
@@ -103,7 +106,8 @@ class TrainingProgram:
         digest = hashlib.sha1(
             "\0".join([text, train_name, *feeds, *gradients, *fetches, str(seed), device, repr(options)]).encode()
         ).hexdigest()[:16]
-        return cls(text, train_name, feeds, gradients, fetches, replica_vars, state_vars, seed, digest, device, options)
+        return cls(text, train_name, feeds, gradients, fetches, replica_vars, state_vars, seed, digest, device, options,
+                   loss_scale=record.get("loss_scale", ""))
 
 
 WORKER_OPTIONS = ("memory_pool", "memory_limit", "fuse", "emulate")
@@ -251,6 +255,8 @@ def replica_gradients(
     plan = compiled(program)
     plan.replica_state.clear()
     plan.replica_state.update(plan.variables(state, program.replica_variables))
+    if program.loss_scale:  # scale the shard's mean loss by its share, so float16 overflows where the whole batch's does
+        plan.replica_state[program.loss_scale] = _scale(plan.replica_state[program.loss_scale], weight)
     rows = [take_rows(source, index) for source in data]
     if plan.gpu is not None:  # the shard goes to the device once, through pinned memory
         rows = [plan.gpu.to_device(r) for r in rows]

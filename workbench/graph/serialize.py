@@ -106,9 +106,13 @@ def _training(value, graph: Graph) -> dict:
             isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) and n.partition(":")[0] in graph for n in p)
             for p in pairs
         )
+        scale = record.get("loss_scale") if ok else None  # the variable of a dynamic loss scale
+        ok = ok and (scale is None or (isinstance(scale, str) and scale in graph))
         if not ok:
             raise FormatError(f"graph file has an invalid \"training\" record for {update!r}")
         out[update] = {"loss": loss, "gradients": [list(p) for p in pairs]}
+        if scale is not None:
+            out[update]["loss_scale"] = scale
     return out
 
 
