@@ -204,9 +204,10 @@ def check_every_op(env, report) -> bool:
     return ok
 
 
-def mlp_graph(sizes, dtype="float32", optimizer="adam", name="mlp"):
+def mlp_graph(sizes, dtype="float32", optimizer="adam", name="mlp", mixed=False):
+    """The MLP; ``mixed``: float16 compute on float32 masters with a dynamic loss scale."""
     g = wb.Graph(name=name)
-    with g.as_default():
+    with g.as_default(), wb.mixed_precision("float16" if mixed else "float32"):
         x = wb.placeholder("x", shape=(None, sizes[0]), dtype=dtype)
         y = wb.placeholder("y", shape=(None,), dtype="int64")
         h = x
@@ -218,7 +219,7 @@ def mlp_graph(sizes, dtype="float32", optimizer="adam", name="mlp"):
                 h = wb.relu(h)
         loss = wb.mean(wb.softmax_cross_entropy(h, y), name="loss")
         opt = wb.optimizers.Adam(1e-3) if optimizer == "adam" else wb.optimizers.SGD(0.1)
-        train = opt.minimize(loss)
+        train = opt.minimize(loss, loss_scale="dynamic" if mixed else None)
     return g, train, loss
 
 
@@ -470,6 +471,10 @@ def bench_mlp(env, report, dry, limit):
             )
             row["ratio"] = row["workbench"] / row["torch"]
         rows.append(row)
+        g16, train16, _ = mlp_graph(sizes, mixed=True)  # float16 matmuls, float32 masters and loss
+        mixed = wb.Session(g16, **env.session_options)
+        rows.append({"model": row["model"] + " f16", "batch": batch,
+                     "workbench": 1 / env.time(lambda: mixed.run(train16, {"x": dx, "y": dy}), number=20)})
     rows += bench_cnn(env, dry, limit)
     print("wb steps/s: CUDA graph replay on (device feeds), on (host feeds), off (device feeds); replays: graph launches")
     print(f"{'model':28s} {'batch':>6s} {'wb steps/s':>11s} {'(host feeds)':>12s} {'(no graphs)':>11s} {'replays':>8s} "
