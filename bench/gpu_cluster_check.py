@@ -122,7 +122,8 @@ class Check:
         from workbench.cluster import program
 
         seen = self.client.run(lambda: sorted(repr(g) for g in program._GPUS.values()))
-        print(f"  workers ran on: {seen}", flush=True)
+        sends = self.client.run(lambda dask_worker: getattr(dask_worker, "workbench_device_transfers", "n/a (NumPy)"))
+        print(f"  workers ran on: {seen}; CuPy arrays sent by {sorted(set(sends.values()))}", flush=True)
         on_gpu = all(s and all(("emulated" in r) == self.args.dry_run for r in s) for s in seen.values())
         self.expect(len(seen) == 2 and on_gpu, "both workers opened their GPU")
 

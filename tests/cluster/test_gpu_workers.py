@@ -145,3 +145,51 @@ def test_a_killed_gpu_worker_costs_no_progress(kit, client):
     assert killed_at and killed_at[0] < steps  # mid-training
     kit.assert_same_variables(reference.variables, sess.variables, rtol=1e-9)
     client.wait_for_workers(2, timeout=60)  # the nanny brought the worker back
+
+
+# -- sending device arrays between workers ------------------------------------------------------
+
+
+class FakeCupy:
+    """A stand-in CuPy module whose arrays distributed has no serializer for."""
+
+    class ndarray:
+        __module__ = "fakecupy"
+
+        def __init__(self, host):
+            self.host = np.asarray(host)
+
+        def __eq__(self, other):
+            return FakeCupy.ndarray(self.host == other.host)
+
+        def all(self):
+            return self.host.all()
+
+    @staticmethod
+    def arange(n, dtype):
+        return FakeCupy.ndarray(np.arange(n, dtype=dtype))
+
+    @staticmethod
+    def asarray(host):
+        return FakeCupy.ndarray(host)
+
+    @staticmethod
+    def ascontiguousarray(x):
+        return FakeCupy.ndarray(np.ascontiguousarray(x.host))
+
+    @staticmethod
+    def asnumpy(x):
+        return x.host
+
+
+def test_device_arrays_go_as_host_copies_where_distributed_cannot_send_them():
+    from distributed.protocol.serialize import dask_dumps, dask_loads
+
+    from workbench.cluster.transfers import device_transfers
+
+    assert device_transfers(FakeCupy) == "host copies"
+    value = FakeCupy.ndarray(np.asfortranarray(np.arange(6.0).reshape(2, 3)))
+    back = dask_loads(*dask_dumps(value))
+    assert type(back) is FakeCupy.ndarray
+    np.testing.assert_array_equal(back.host, value.host)
+    assert device_transfers(FakeCupy) == "host copies"  # once registered, they stay

@@ -121,6 +121,11 @@ class ClusterFit:
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> History:
+        options = dict(self.program.device_options)
+        if self.program.device == "gpu" and not options.get("emulate"):
+            from workbench.cluster.transfers import DeviceTransfers
+
+            self.client.register_plugin(DeviceTransfers())  # every worker can send CuPy arrays
         variables, start = self._start_state()
         self.host = (variables, start)
         self._scatter(variables, start)
