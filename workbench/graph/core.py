@@ -181,8 +181,9 @@ class Graph:
         self._scopes: list[str] = []
         self._control: list[list[Operation]] = []
         self.version = 0  # grows with every change; sessions compile plans per version
-        # update-op name -> {"loss": name or None, "gradients": [[gradient name, variable name], ...]}:
-        # how an optimizer built its update, which distributed training splits the graph by
+        # update-op name -> {"loss": name or None, "gradients": [[gradient name, variable name], ...]}
+        # (and "loss_scale": the variable of a dynamic loss scale): how an optimizer built its update,
+        # which distributed training splits the graph by
         self.training: dict[str, dict] = {}
 
     # -- context --------------------------------------------------------------------
