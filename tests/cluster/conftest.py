@@ -47,6 +47,17 @@ def assert_same_variables(a: dict, b: dict, rtol: float) -> None:
         np.testing.assert_allclose(b[name], a[name], rtol=rtol, atol=rtol * 1e-3, err_msg=name)
 
 
+@pytest.fixture(scope="module")
+def client():
+    """One real cluster per test module: 2 worker processes, one thread each, on 127.0.0.1."""
+    client = wb.cluster.connect("local", n_workers=2)
+    try:
+        client.wait_for_workers(2, timeout=60)
+        yield client
+    finally:
+        wb.cluster.close(client)
+
+
 @pytest.fixture(scope="session")
 def kit():
     return SimpleNamespace(mlp=mlp, blobs=blobs, assert_same_variables=assert_same_variables)

@@ -33,13 +33,6 @@ def build():
 
 
 @pytest.fixture(scope="module")
-def client():
-    client = wb.cluster.connect("local", n_workers=2)
-    yield client
-    wb.cluster.close(client)
-
-
-@pytest.fixture(scope="module")
 def digits():
     d = load_digits()
     return {"x": d.data / 16.0, "y": d.target}

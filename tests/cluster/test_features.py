@@ -10,13 +10,6 @@ from workbench.events import ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture(scope="module")
-def client():
-    client = wb.cluster.connect("local", n_workers=2)
-    yield client
-    wb.cluster.close(client)
-
-
 def test_backup_replicas_apply_the_first_to_finish_and_count_the_rest(client, kit):
     model, data = kit.mlp(), kit.blobs(n=120)
     sess = wb.Session(model["graph"], seed=0, cluster=client)

@@ -19,16 +19,6 @@ BATCH = 12
 
 
 @pytest.fixture(scope="module")
-def client():
-    client = wb.cluster.connect("local", n_workers=2)
-    try:
-        client.wait_for_workers(2, timeout=60)
-        yield client
-    finally:
-        wb.cluster.close(client)
-
-
-@pytest.fixture(scope="module")
 def workers(client):
     return sorted(w["address"] for w in wb.cluster.info(client)["workers"])
 

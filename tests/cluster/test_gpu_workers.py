@@ -94,16 +94,6 @@ def test_emulated_gpu_lowering_matches_a_local_gpu_session(kit, replicas):
 # -- on a real multi-process cluster -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def client():
-    client = wb.cluster.connect("local", n_workers=2)
-    try:
-        client.wait_for_workers(2, timeout=60)
-        yield client
-    finally:
-        wb.cluster.close(client)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_gpu_workers_match_a_local_gpu_session(kit, client):

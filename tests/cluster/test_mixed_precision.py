@@ -10,16 +10,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 STEPS, BATCH = 12, 32
 
 
-@pytest.fixture(scope="module")
-def client():
-    client = wb.cluster.connect("local", n_workers=2)
-    try:
-        client.wait_for_workers(2, timeout=60)
-        yield client
-    finally:
-        wb.cluster.close(client)
-
-
 def mixed_mlp(initial_scale):
     """A float16 MLP on float32 masters, with a dynamic loss scale that starts at ``initial_scale``."""
     g = wb.Graph(name="mixed")
