@@ -66,6 +66,7 @@ class Plan:
         self.steps: list[tuple[Callable, Callable, Any, tuple]] = []
         self.step_ops: list[Operation] = []
         self._fresh: dict[str, Any] = {}  # variable name -> the array this plan's last update made
+        self._disjoint = False  # no two variables share memory (checked once per run, for in-place updates)
 
         def new_slot(t: Tensor, value=None) -> int:
             slot_of[t] = len(self.template)
@@ -142,7 +143,7 @@ class Plan:
                 return value
 
             return update_step
-        xp, inplace = self.xp, functools.partial(op.opdef.inplace, self.xp, **op.attrs)
+        plan, xp, inplace = self, self.xp, functools.partial(op.opdef.inplace, self.xp, **op.attrs)
 
         def inplace_update_step(slots, _snapshot, *args):
             current = state[name]
@@ -151,11 +152,12 @@ class Plan:
                 and _owned(current)
                 and _holds_result(current, args)
                 and not _shared(current, slots, guard)
-                and not _viewed(current, state.values(), but=current)
+                and (plan._disjoint or not _viewed(current, state.values(), but=current))
             ):  # fmt: skip
                 return inplace(current, current, *args)
             # an array, not a NumPy scalar (what 0-d arithmetic gives), so later updates can write into it
             state[name] = value = fresh[name] = xp.asarray(kernel(current, *args))
+            plan._disjoint = False  # a new array: later updates of this run check the other variables again
             return value
 
         return inplace_update_step
@@ -170,6 +172,8 @@ class Plan:
         state = self.state
         for slot, name in self.reads:
             slots[slot] = state[name]
+        if self.own_state:
+            self._disjoint = _disjoint(state.values())
         for slot, value in zip(self.feed_slots, feed_values):
             slots[slot] = value
         if check_numerics:
@@ -307,6 +311,22 @@ def _same_memory(v, a) -> bool:
             return True
         v = getattr(v, "base", None)
     return False
+
+
+def _disjoint(values) -> bool:
+    """No two of ``values`` are, or view, the same array (their view roots all differ).
+
+    Checked once per run so that an in-place update need not scan every other
+    variable for views of the array it writes into.
+    """
+    roots = set()
+    count = 0
+    for v in values:
+        while getattr(v, "base", None) is not None:
+            v = v.base
+        roots.add(id(v))
+        count += 1
+    return len(roots) == count
 
 
 def _shared(a, slots: list, guard: tuple[int, ...]) -> bool:
