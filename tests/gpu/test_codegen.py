@@ -134,3 +134,48 @@ def test_direct_calls_keep_the_namespace_but_skip_its_wrappers():
     assert not np.shares_memory(xp.reshape(a, (6,), copy=True), a)
     with pytest.raises(ValueError, match="at least 2-dimensional"):
         xp.matrix_transpose(np.ones(3))
+
+
+def test_direct_copyto_copies_and_broadcasts():
+    import array_api_compat.numpy as compat
+
+    from workbench.gpu.device import direct_calls
+
+    xp = direct_calls(np, compat)
+    a, b = np.zeros((2, 3)), np.arange(6.0).reshape(2, 3)
+    xp.copyto(a, b)
+    np.testing.assert_array_equal(a, b)
+    xp.copyto(a, np.arange(3.0))
+    np.testing.assert_array_equal(a, [[0.0, 1.0, 2.0]] * 2)
+
+
+def test_direct_copyto_is_one_memcpy_for_arrays_of_one_shape_and_dtype():
+    import types
+
+    import array_api_compat.numpy as compat
+
+    from workbench.gpu.device import direct_calls
+
+    copies, fallbacks = [], []
+
+    class Pointer:
+        def __init__(self, array):
+            self.array = array
+
+        def copy_from_device_async(self, src, size):
+            copies.append(size)
+            self.array.view[...] = src.array.view
+
+    class Array:  # a device array as far as copyto looks: class, dtype, shape, flags, data, nbytes
+        def __init__(self, view):
+            self.view, self.dtype, self.shape, self.flags, self.nbytes = view, view.dtype, view.shape, view.flags, view.nbytes
+            self.data = Pointer(self)
+
+    fake = types.SimpleNamespace(ndarray=Array, cuda=object(), matmul=None, copyto=lambda d, s: fallbacks.append(s))
+    xp = direct_calls(fake, compat)
+    dst, src = Array(np.zeros((2, 3), np.float32)), Array(np.ones((2, 3), np.float32))
+    xp.copyto(dst, src)
+    assert copies == [24] and dst.view.sum() == 6
+    xp.copyto(dst, Array(np.ones(3, np.float32)))  # broadcasts: CuPy's copyto
+    xp.copyto(dst, Array(np.ones((2, 3), np.float64)))  # casts: CuPy's copyto
+    assert copies == [24] and len(fallbacks) == 2

@@ -175,7 +175,12 @@ def _subtract_into(xp, out, current, delta):
 
 
 def _assign_into(xp, out, current, value):
-    out[...] = value  # a copy into the variable's own array: still shares memory with nothing
+    # a copy into the variable's own array: still shares memory with nothing. CuPy's
+    # out[...] = value parses an index and launches a copy kernel; its copyto is a memcpy
+    if xp is np or not hasattr(xp, "copyto"):
+        out[...] = value
+    else:
+        xp.copyto(out, value)
     return out
 
 
