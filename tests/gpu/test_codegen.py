@@ -171,11 +171,14 @@ def test_direct_copyto_is_one_memcpy_for_arrays_of_one_shape_and_dtype():
             self.view, self.dtype, self.shape, self.flags, self.nbytes = view, view.dtype, view.shape, view.flags, view.nbytes
             self.data = Pointer(self)
 
-    fake = types.SimpleNamespace(ndarray=Array, cuda=object(), matmul=None, copyto=lambda d, s: fallbacks.append(s))
+    fake = types.SimpleNamespace(ndarray=Array, cuda=object(), matmul=None, copyto=lambda d, s, **kw: fallbacks.append((s, kw)))
     xp = direct_calls(fake, compat)
     dst, src = Array(np.zeros((2, 3), np.float32)), Array(np.ones((2, 3), np.float32))
     xp.copyto(dst, src)
     assert copies == [24] and dst.view.sum() == 6
     xp.copyto(dst, Array(np.ones(3, np.float32)))  # broadcasts: CuPy's copyto
     xp.copyto(dst, Array(np.ones((2, 3), np.float64)))  # casts: CuPy's copyto
-    assert copies == [24] and len(fallbacks) == 2
+    mask = np.array([[True, False, True]] * 2)
+    xp.copyto(dst, src, where=mask)  # a masked copy (in-place where): CuPy's copyto, keywords kept
+    assert copies == [24] and len(fallbacks) == 3
+    assert fallbacks[-1][1]["where"] is mask

@@ -80,15 +80,16 @@ def direct_calls(cupy, xp):
 
     ndarray = getattr(cupy, "ndarray", None)
 
-    def copyto(dst, src, /):
+    def copyto(dst, src, /, **kwargs):
         # one device-to-device memcpy for arrays of one shape and dtype (a variable update's
-        # copy); cupy.copyto takes that path too, after checks costing a few us a call
-        if (src.__class__ is ndarray and dst.__class__ is ndarray and src.dtype == dst.dtype and src.shape == dst.shape
-                and src.flags.c_contiguous and dst.flags.c_contiguous):  # fmt: skip
+        # copy); cupy.copyto takes that path too, after checks costing a few us a call.
+        # Anything else (``where=``, ``casting=``, broadcasting) goes to cupy.copyto.
+        if (not kwargs and src.__class__ is ndarray and dst.__class__ is ndarray and src.dtype == dst.dtype
+                and src.shape == dst.shape and src.flags.c_contiguous and dst.flags.c_contiguous):  # fmt: skip
             if src.nbytes:
                 dst.data.copy_from_device_async(src.data, src.nbytes)
         else:
-            cupy.copyto(dst, src)
+            cupy.copyto(dst, src, **kwargs)
 
     fast.matmul, fast.matrix_transpose, fast.reshape = cupy.matmul, matrix_transpose, reshape
     fast.copyto = copyto if hasattr(cupy, "cuda") else cupy.copyto
