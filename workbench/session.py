@@ -16,7 +16,7 @@ from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.state import initial_value
-from workbench.training import History, batch_indices, check_data
+from workbench.training import History, batch_indices, check_data, is_dask_array
 
 
 
@@ -127,7 +127,7 @@ class Session:
         """:meth:`run`; with ``step`` (0-based) random ops draw for that training step, as on a cluster."""
         flat, unflatten = _flatten(fetches)
         names = [self._fetch_name(f) for f in flat]
-        if feed_dict and any(_is_dask(v) for v in feed_dict.values()):
+        if feed_dict and any(is_dask_array(v) for v in feed_dict.values()):
             return unflatten(self._run_sharded(names, feed_dict))
         feeds = self._check_feeds(feed_dict or {})
         plan, order = self._plan(names, feeds)
@@ -160,7 +160,7 @@ class Session:
         feeds = {}
         for key, value in feed_dict.items():
             ph = self._placeholder(key)
-            if _is_dask(value):
+            if is_dask_array(value):
                 self._feed_value(ph, np.empty((0, *value.shape[1:]), dtype=value.dtype), any_length=True)
                 feeds[ph.name] = value.astype(ph.dtype)
             else:
@@ -312,7 +312,7 @@ class Session:
         arrays = {}
         for key, value in data.items():
             ph = self._placeholder(key)
-            arrays[ph.name] = value.astype(ph.dtype) if _is_dask(value) else self._feed_value(ph, value, any_length=True)
+            arrays[ph.name] = value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
         n = check_data(arrays)
         if steps is None:
             steps = (epochs or 1) * (n // batch_size)
@@ -442,10 +442,6 @@ def _client_for(cluster):
         return default_client(), False
     client = connect(cluster)
     return client, client is not cluster
-
-
-def _is_dask(value) -> bool:
-    return type(value).__module__.startswith("dask.array") and hasattr(value, "chunks")
 
 
 def _updated_variables(graph: Graph) -> list[str]:

@@ -32,6 +32,11 @@ def batch_indices(num_examples: int, batch_size: int, steps: int, seed, start: i
         yield np.sort(order[k * batch_size : (k + 1) * batch_size])
 
 
+def is_dask_array(value) -> bool:
+    """Whether ``value`` is a dask array (checked without importing dask)."""
+    return type(value).__module__.startswith("dask.array") and hasattr(value, "chunks")
+
+
 def check_data(data: dict) -> int:
     """The common length of the arrays in ``data``, or FeedError."""
     if not data:

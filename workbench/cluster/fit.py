@@ -16,20 +16,14 @@ from collections import deque
 from typing import Any, Callable
 
 import numpy as np
-from dask.task_spec import List
+from dask.task_spec import List, TaskRef
 
 from workbench import checkpoint
-from dask.task_spec import TaskRef
-
 from workbench.cluster.lower import combine_tasks, replica_tasks
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
-from workbench.training import History, batch_indices
-
-
-def _is_dask_array(x) -> bool:
-    return type(x).__module__.startswith("dask.array") and hasattr(x, "chunks")
+from workbench.training import History, batch_indices, is_dask_array
 
 
 def _infrastructure_errors() -> tuple:
@@ -109,7 +103,7 @@ class ClusterFit:
         self.state_ref = client.scatter([initial_state(variables, step)], hash=False, workers=self.workers)[0]
         self.sources = {}
         for name, value in self.data.items():
-            if _is_dask_array(value):
+            if is_dask_array(value):
                 self.sources[name] = _Chunks(client, value)
             else:
                 future = client.scatter(np.asarray(value), broadcast=True, hash=False, workers=self.workers)
