@@ -8,8 +8,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
 from workbench import checkpoint
+from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
 from workbench.events import ROOT, EventStream
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
@@ -17,7 +17,6 @@ from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.state import initial_value
 from workbench.training import History, batch_indices, check_data, is_dask_array
-
 
 
 class Session:
@@ -29,8 +28,12 @@ class Session:
         The graph to run (the default graph when left out).
     seed : int
         Seeds variable initializers, dropout and the batch order of :meth:`fit`.
-    cluster : optional
-        Reserved for distributed execution.
+    cluster : Client, address, "local", None or False
+        Where :meth:`fit` trains data-parallel: a ``distributed.Client``, a scheduler
+        address (``"tcp://..."``, ``"tls://..."``), ``"local"`` for an embedded
+        cluster (closed with the session), None for the default set by
+        ``%flow_cluster`` or :func:`workbench.cluster.set_default` (local execution
+        when none is set), or False for local execution. See :func:`workbench.cluster.connect`.
     device : {"cpu", "gpu", "gpu:<index>"}
         Where kernels run. On a GPU (CuPy) variables stay on the device, feeds
         go up once per run and results come back as NumPy. With a cluster,
@@ -38,7 +41,7 @@ class Session:
     **device_options
         For ``device="gpu"``: ``memory_pool``, ``memory_limit``, ``results``
         (``"numpy"`` or ``"device"``), ``fuse``, ``cuda_graphs`` (replay
-        repeated runs as CUDA graphs, default True) and ``emulate``; see
+        repeated runs as CUDA graphs, default False) and ``emulate``; see
         :class:`workbench.gpu.GPU`.
 
     Examples
