@@ -32,6 +32,14 @@ QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
 README_SCREENSHOT = REPO / "docs" / "screenshot.png"
 
 
+def launch(pw, chromium: str):
+    """Debian's Chromium, headless, with no network of its own (Playwright downloads nothing)."""
+    return pw.chromium.launch(
+        executable_path=chromium,
+        args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+    )
+
+
 def ensure_chromium() -> str:
     """Debian's chromium, installed with apt-get if missing; skips the test if that cannot be done."""
     if not os.path.exists(CHROMIUM) and shutil.which("apt-get"):
@@ -149,10 +157,7 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
         fallback_notebook(root / name)
     os.environ["PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD"] = "1"
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=chromium,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
+        browser = launch(pw, chromium)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1900})
             errors: list[str] = []
@@ -260,10 +265,7 @@ def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
     url, token, root = lab
     nbformat.write(new_notebook(VIEWS_NOTEBOOK), root / "views.ipynb")
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=chromium,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
+        browser = launch(pw, chromium)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1600})
             page.goto(f"{url}/lab/workspaces/views/tree/views.ipynb?reset&token={token}", wait_until="domcontentloaded")
