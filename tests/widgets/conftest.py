@@ -33,3 +33,15 @@ def mlp():
         g.loss = wb.mean(wb.softmax_cross_entropy(wb.matmul(x, w) + b, y))
         g.train = wb.optimizers.SGD(0.1).minimize(g.loss)
     return g
+
+
+@pytest.fixture
+def linear():
+    """A one-variable regression to train quickly: ``(graph, train, loss)``."""
+    g = wb.Graph(name="lin")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2))
+        w = wb.variable("w", shape=(2,), init=0.0)
+        loss = wb.mean((wb.sum(x * w, axis=1) - 1.0) ** 2.0)
+        train = wb.optimizers.SGD(0.1).minimize(loss)
+    return g, train, loss

@@ -17,25 +17,20 @@ def shown():
     notebook.uninstall()
 
 
-def tiny_fit(steps=20):
-    g = wb.Graph(name="lin")
-    with g.as_default():
-        x = wb.placeholder("x", shape=(None, 2))
-        w = wb.variable("w", shape=(2,), init=0.0)
-        loss = wb.mean((wb.sum(x * w, axis=1) - 1.0) ** 2.0)
-        train = wb.optimizers.SGD(0.1).minimize(loss)
+def tiny_fit(linear, steps=20):
+    g, train, loss = linear
     sess = wb.Session(g)
     sess.fit(train, {"x": np.ones((8, 2), "float32")}, batch_size=4, steps=steps, fetches={"loss": loss})
     return sess
 
 
-def test_fit_shows_a_training_view_that_follows_its_session(shown):
-    sess = tiny_fit()
+def test_fit_shows_a_training_view_that_follows_its_session(shown, linear):
+    sess = tiny_fit(linear)
     (view,) = shown
     assert isinstance(view, TrainingView)
     assert view.state["status"] == "done" and view.state["step"] == 20 and view.state["steps"] == 20
     assert "loss" in view.state["curves"] and not view.following
-    tiny_fit(steps=3)
+    tiny_fit(linear, steps=3)
     assert len(shown) == 2 and shown[1].state["step"] == 3
     assert shown[0].state["step"] == 20  # the first view kept its own run
     assert sess.events.tags["session"] != shown[1]._session

@@ -129,13 +129,8 @@ def test_series_keeps_a_bounded_number_of_points_and_the_last_one():
     assert xs == sorted(xs)
 
 
-def test_training_view_from_a_real_fit(clock):
-    g = wb.Graph(name="lin")
-    with g.as_default():
-        x = wb.placeholder("x", shape=(None, 2))
-        w = wb.variable("w", shape=(2,), init=0.0)
-        loss = wb.mean((wb.sum(x * w, axis=1) - 1.0) ** 2.0)
-        train = wb.optimizers.SGD(0.1).minimize(loss)
+def test_training_view_from_a_real_fit(clock, linear):
+    g, train, loss = linear
     sess = wb.Session(g)
     view = TrainingView(clock=clock).follow(sess.events)
     sess.fit(train, {"x": np.ones((16, 2), "float32")}, batch_size=4, steps=12, fetches={"loss": loss})
