@@ -19,18 +19,29 @@ from workbench.ops import registry, rules
 FOLD_LIMIT = 1 << 16  # fold only results of at most this many elements
 
 
-def rebuild(graph: Graph, keep: Callable[[Operation], bool] = lambda op: True, replace=None) -> tuple[Graph, dict]:
+def rebuild(
+    graph: Graph, keep: Callable[[Operation], bool] = lambda op: True, replace=None, merged: dict | None = None
+) -> tuple[Graph, dict]:
     """A copy of ``graph`` with the ops that ``keep`` accepts, in order.
 
     ``replace(op, inputs)`` may return ``(type, inputs, attrs)`` to change an op
-    (its name stays), or ``None`` to keep it. Returns the new graph and a map
-    from old to new tensors.
+    (its name stays), or ``None`` to keep it. ``merged`` maps ops to an earlier op
+    that computes the same: they are not copied, their consumers use that op's
+    outputs and their names become aliases of it. Returns the new graph and a
+    map from old to new tensors.
     """
+    merged = merged or {}
     new = Graph(name=graph.name)
-    new._aliases = dict(graph._aliases)
     tensors: dict = {}
     ops_: dict[Operation, Operation] = {}
+    aliases = {a: graph._resolve(a) for a in graph._aliases}
     for op in graph.operations:
+        if op in merged:
+            kept = merged[op]
+            tensors.update(zip(op.outputs, (tensors[t] for t in kept.outputs)))
+            ops_[op] = ops_[kept]
+            aliases[op.name] = kept.name
+            continue
         if not keep(op):
             continue
         inputs = tuple(tensors.get(t) for t in op.inputs)  # None: cut away (the op must be replaced)
@@ -41,12 +52,13 @@ def rebuild(graph: Graph, keep: Callable[[Operation], bool] = lambda op: True, r
                 kind, inputs, attrs = changed
         if None in inputs:
             raise GraphError(f"op {op.name!r} needs {op.inputs[inputs.index(None)].name!r}, which was removed")
-        control = [ops_[c] for c in op.control_inputs if c in ops_]
+        control = [ops_[c] for c in op.control_inputs if c in ops_]  # add_op drops repeats
         copy = new.add_op(kind, inputs, attrs, name=op.name, control_inputs=control, source=op.source)
         ops_[op] = copy
         tensors.update(zip(op.outputs, copy.outputs))
-    resolved = {a: graph._resolve(a) for a in graph._aliases}
-    new._aliases = {a: t for a, t in resolved.items() if t in new._by_name}
+    new._aliases = aliases
+    # no chains, and only names the new graph still has: each alias names a kept op
+    new._aliases = {a: new._resolve(a) for a in aliases if new._resolve(a) in new._by_name}
     return new, tensors
 
 
@@ -159,33 +171,7 @@ def eliminate_common_subexpressions(graph: Graph, max_constant: int = 1024) -> G
         else:
             seen[k] = op
 
-    # rebuild with merged ops dropped and their consumers pointed at the kept op
-    new = Graph(name=graph.name)
-    new._aliases = dict(graph._aliases)
-    tensors = {}
-    copies: dict[Operation, Operation] = {}
-    for op in graph.operations:
-        if op in merged:
-            kept = merged[op]
-            tensors.update(zip(op.outputs, (tensors[t] for t in kept.outputs)))
-            copies[op] = copies[kept]
-            new._aliases[op.name] = kept.name
-            continue
-        inputs = tuple(tensors[t] for t in op.inputs)
-        control = _dedupe(copies[c] for c in op.control_inputs if c in copies)
-        copy = new.add_op(op.type, inputs, op.attrs, name=op.name, control_inputs=control, source=op.source)
-        copies[op] = copy
-        tensors.update(zip(op.outputs, copy.outputs))
-    new._aliases = {a: new._resolve(a) for a in new._aliases}  # no chains: each alias names a kept op
-    return new
-
-
-def _dedupe(items):
-    out = []
-    for x in items:
-        if x not in out:
-            out.append(x)
-    return out
+    return rebuild(graph, merged=merged)[0]
 
 
 def optimize(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Graph:
