@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.errors import ClusterError, GraphError
+from workbench.errors import ClusterError
 from workbench.graph.core import Graph, Operation
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
@@ -327,13 +327,3 @@ def step_metrics(reduced: dict, new_state: dict) -> dict:
 def initial_state(variables: dict, step: int = 0) -> dict:
     return {"variables": dict(variables), "step": step}
 
-
-def check_fetches(graph: Graph, fetches) -> list[str]:
-    names = []
-    for f in fetches:
-        name = f if isinstance(f, str) else f.name
-        found = graph.get(name)
-        if isinstance(found, Operation):
-            raise GraphError(f"{name!r} is an operation; fit() records tensors")
-        names.append(found.name)
-    return names
