@@ -153,7 +153,7 @@ class Session:
             self.events.emit("run_finished")
         values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
         if self.xp is np:
-            values = _detach(values, self._state)
+            values = _writable(values)
         result = self._to_host if self._gpu is None else self._gpu.result
         return unflatten([None if v is None else result(v) for v in values])
 
@@ -409,25 +409,11 @@ class Session:
             self._state[name] = self.xp.asarray(value)
 
 
-def _detach(values: list, state: dict) -> list:
-    """Fetched arrays the caller may change: copies of those that share memory with a
-    variable (a variable read, a view of one, an update's result) or are read-only."""
-    roots = None
-    out = []
-    for value in values:
-        if isinstance(value, np.ndarray):
-            if roots is None:
-                roots = {id(_root(s)) for s in state.values()}
-            if not value.flags.writeable or id(_root(value)) in roots:
-                value = value.copy()
-        out.append(value)
-    return out
-
-
-def _root(array):
-    while isinstance(array, np.ndarray) and array.base is not None:
-        array = array.base
-    return array
+def _writable(values: list) -> list:
+    """Fetched arrays the caller may change: copies of read-only ones (constants, broadcast
+    views). Values sharing memory with a variable are already copies: the plan, which owns
+    the variables' arrays, never hands one out."""
+    return [v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v for v in values]
 
 
 def _client_for(cluster):
