@@ -9,14 +9,14 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
+from workbench.errors import ClusterError, DeviceError, FeedError, GraphError, WorkbenchError
 from workbench.events import ROOT, EventStream
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.state import initial_value
-from workbench.training import History, batch_indices, check_data, is_dask_array
+from workbench.training import History, batch_indices, check_data, check_fit_arguments, is_dask_array
 
 
 class Session:
@@ -312,6 +312,7 @@ class Session:
             ``"samples_per_s"`` and each fetch (on a cluster also per-replica
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
+        check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas)
         arrays = {}
         for key, value in data.items():
             ph = self._placeholder(key)
@@ -342,7 +343,7 @@ class Session:
     def _fit_local(self, train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
                    callback, checkpoint_dir, checkpoint_every) -> History:  # fmt: skip
         start = 0
-        resumed = checkpoint.latest(checkpoint_dir)
+        resumed = checkpoint.latest(checkpoint_dir, checkpoint.specs(self.graph.variables))
         if resumed is not None:
             variables, start = resumed
             self._state.update({k: self.xp.asarray(v) for k, v in variables.items() if k in self.graph})
@@ -381,30 +382,19 @@ class Session:
         self.close()
 
     # -- checkpoints -------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> str:
-        """Write every variable's value to ``path`` (.npz), atomically: a crash leaves the old file."""
-        return checkpoint.write(path, self.variables)
+    def save(self, path: str | os.PathLike, private: bool = False) -> str:
+        """Write every variable's value to ``path`` (.npz), atomically: a crash leaves the old file.
+
+        The file's permissions follow the umask, or are owner-only with ``private=True``.
+        """
+        return checkpoint.write(path, self.variables, private=private)
 
     def restore(self, path: str | os.PathLike, strict: bool = True) -> None:
         """Load variable values written by :meth:`save`; checks everything before changing anything.
 
         With ``strict=True`` every variable of the graph must be in the file.
         """
-        loaded, _ = checkpoint.read(path)
-        graph_vars = {v.name: v for v in self.graph.variables}
-        unknown = sorted(set(loaded) - set(graph_vars))
-        if unknown:
-            raise FormatError(f"checkpoint {os.fspath(path)!r} has variables this graph lacks: {', '.join(unknown)}")
-        missing = sorted(set(graph_vars) - set(loaded))
-        if strict and missing:
-            raise FormatError(f"checkpoint {os.fspath(path)!r} lacks variables: {', '.join(missing)}")
-        for name, value in loaded.items():
-            v = graph_vars[name]
-            if value.shape != v.shape or value.dtype.name != v.dtype:
-                raise FormatError(
-                    f"checkpoint value of {name!r} is {value.dtype.name} {_fmt(value.shape)}, "
-                    f"the variable is {v.dtype} {_fmt(v.shape)}"
-                )
+        loaded = checkpoint.restore(path, self.graph.variables, strict)
         for name, value in loaded.items():
             self._state[name] = self.xp.asarray(value)
 

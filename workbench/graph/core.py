@@ -251,10 +251,12 @@ class Graph:
                 raise GraphError(f"{op_type} {scoped!r}: input {t.name!r} belongs to graph {t.graph.name!r}, not {self.name!r}")
         try:
             specs = opdef.infer(*(t.spec for t in inputs), **attrs)
+            specs = (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
+            for spec in specs:
+                rules.check_elements(spec.shape)
         except (ShapeError, DTypeError) as e:
             where = f"\n  {source}" if source else ""
             raise type(e)(f"{op_type} {scoped!r}: {e}{where}") from None
-        specs = (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
         deps = [d for frame in self._control for d in frame] + list(control_inputs)
         op = Operation(self, scoped, op_type, inputs, attrs, _unique(deps), source, len(self.operations))
         cls = Variable if op_type == "variable" else Tensor
@@ -324,8 +326,8 @@ class Graph:
 
 
 def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name or ":" in name or name.startswith("/") or name.endswith("/"):
-        raise GraphError(f"invalid name {name!r}: use a non-empty string without ':' or a leading or trailing '/'")
+    if not isinstance(name, str) or not name or ":" in name or name.startswith("/") or name.endswith("/") or "\0" in name:
+        raise GraphError(f"invalid name {name!r}: use a non-empty string without ':', NUL or a leading or trailing '/'")
 
 
 def _unique(ops_: list[Operation]) -> list[Operation]:
