@@ -13,6 +13,9 @@ An op is registered once with :func:`defop`:
   but writes the result into ``out``, an input the executor owns and no longer
   needs (or, for variable updates, the variable's current value); the executor
   only calls it when ``out`` has the result's shape and dtype.
+- ``checks_values=True`` marks a kernel that reads values on the host to check them
+  (indices in range): on a GPU that is a device-to-host sync, and such a plan is never
+  captured as a CUDA graph (a replay would skip the check).
 
 Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
 at import time. The registry knows nothing of graphs: op functions reach the graph
@@ -51,6 +54,7 @@ class OpDef:
     elementwise: bool = False  # output[i] depends only on inputs[i] (after broadcasting)
     variadic: bool = False  # takes any number of inputs (concat, stack, group)
     inplace: Callable[..., Any] | None = None  # inplace(xp, out, *arrays, **attrs): kernel's result written into out
+    checks_values: bool = False  # the kernel reads its inputs' values on the host (index checks)
 
     @property
     def differentiable(self) -> bool:
