@@ -15,6 +15,7 @@ from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
 from workbench.ops import rules
+from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
 from workbench.training import History, batch_indices, check_data, check_fit_arguments, is_dask_array
 
@@ -246,7 +247,7 @@ class Session:
         if array.dtype != ph.dtype:  # not dtype.name: that is a Python property costing ~1.5 us a feed
             if array.dtype == object or not np.can_cast(array.dtype, ph.dtype, "same_kind"):
                 raise FeedError(f"placeholder {ph.name!r} expects {ph.dtype} values, got {array.dtype}")
-            array = array.astype(ph.dtype)
+            array = cast_exactly(array, ph.dtype, f"placeholder {ph.name!r}")
         if ph.shape is not None:
             expected = ph.shape[:1] if not any_length else (None,) if ph.shape else ()
             expected += ph.shape[1:]

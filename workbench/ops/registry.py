@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from workbench.errors import DTypeError
+from workbench.errors import DTypeError, FeedError
 
 Shape = tuple  # of int | None
 
@@ -123,3 +123,28 @@ def as_dtype(dtype: Any) -> str:
 
 def is_float(dtype: str) -> bool:
     return dtype in FLOATS
+
+
+def cast_exactly(array, dtype: str, what: str):
+    """``array`` (NumPy or CuPy) cast to ``dtype``, or FeedError naming ``what`` if a value would change.
+
+    Integers must fit the target's range (int64 ``2**40`` would wrap to 0 in int32,
+    uint64 ``2**63`` would turn negative in int64); finite numbers must stay finite
+    (``1e300`` is inf in float32). Rounding a number to a narrower float is not a change:
+    float64 feeds of float32 placeholders stay accepted.
+    """
+    target = np.dtype(dtype)
+    if target.kind in "iu" and array.dtype.kind in "iu" and array.size:
+        info = np.iinfo(target)
+        for value in (array.min(), array.max()):
+            if not info.min <= int(value) <= info.max:
+                raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {int(value)} that {dtype} cannot hold")
+    with np.errstate(over="ignore"):  # an overflow is reported below, with the placeholder's name
+        converted = array.astype(target)
+    if target.kind == "f" and array.size:
+        xp = array.__array_namespace__()
+        overflow = xp.isinf(converted) & ~xp.isinf(array)
+        if bool(xp.any(overflow)):
+            value = array[overflow][0]
+            raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {value} that overflows {dtype}")
+    return converted
