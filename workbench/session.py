@@ -35,6 +35,8 @@ class Session:
         cluster (closed with the session), None for the default set by
         ``%flow_cluster`` or :func:`workbench.cluster.set_default` (local execution
         when none is set), or False for local execution. See :func:`workbench.cluster.connect`.
+    security : distributed.Security, optional
+        Certificates for a ``tls://`` address (default: Dask's ``distributed.comm.tls.*`` configuration).
     device : {"cpu", "gpu", "gpu:<index>"}
         Where kernels run. On a GPU (CuPy) variables stay on the device, feeds
         go up once per run and results come back as NumPy. With a cluster,
@@ -57,12 +59,13 @@ class Session:
     [[11.0]]
     """
 
-    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu", **device_options):
+    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu", security=None,
+                 **device_options):  # fmt: skip
         self.graph = graph if graph is not None else get_default_graph()
         if not isinstance(self.graph, Graph):
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
         self.seed = int(seed)
-        self.client, self._owns_client = _client_for(cluster)
+        self.client, self._owns_client = _client_for(cluster, security)
         self.device, self.device_options = device, dict(device_options)
         self.xp = np
         self._gpu = None
@@ -407,7 +410,7 @@ def _writable(values: list) -> list:
     return [v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v for v in values]
 
 
-def _client_for(cluster):
+def _client_for(cluster, security=None):
     """(client, whether the session owns it) for the ``cluster`` argument of Session.
 
     None: the default cluster set by ``%flow_cluster`` or ``workbench.cluster.set_default``,
@@ -420,7 +423,7 @@ def _client_for(cluster):
 
     if cluster is None:
         return default_client(), False
-    client = connect(cluster)
+    client = connect(cluster, security=security)
     return client, client is not cluster
 
 
