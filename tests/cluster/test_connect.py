@@ -398,6 +398,7 @@ class Peer:
                 conn.close()
 
     def stop(self):
+        self.socket.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the serving thread
         self.socket.close()
         for conn in self.connections:
             conn.close()
