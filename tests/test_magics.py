@@ -211,3 +211,31 @@ def test_magics_and_views_in_a_real_kernel(tmp_path):
     models = [m["state"] for m in state.values() if m["model_name"] == "AnyModel"]
     trainings = [m for m in models if "steps" in m.get("state", {})]
     assert trainings and trainings[-1]["state"]["step"] == 30 and trainings[-1]["state"]["status"] == "done"
+
+
+def test_a_cell_that_uses_another_graph_s_tensor_is_a_graph_error(ip):
+    """Fixes: ``y = ga.x + 1`` in a ``%%flow gb`` cell silently added ops to ga."""
+    assert run(ip, '%%flow mlp -q\nx = placeholder("x", shape=(None, 3))\n') is None
+    ga = ip.user_ns["mlp"]
+    before = len(ga.operations)
+    error = run(ip, "%%flow other -q\nz = placeholder(\"z\", shape=(None, 3))\ny = mlp.x + 1\n")
+    assert isinstance(error, wb.GraphError)
+    assert "'x' belongs to graph 'mlp', but graph 'other' is being built; tensors must be from the same graph" in str(error)
+    assert "line 3" in error.flow_report and "y = mlp.x + 1" in error.flow_report
+    assert len(ga.operations) == before  # nothing was added to the other graph
+
+
+def test_mixing_graphs_in_python_is_a_graph_error():
+    ga, gb = wb.Graph(name="ga"), wb.Graph(name="gb")
+    with ga.as_default():
+        x = wb.placeholder("x", shape=(None,))
+    with gb.as_default():
+        with pytest.raises(wb.GraphError, match="'x' belongs to graph 'ga', but graph 'gb' is being built"):
+            wb.exp(x)
+        with pytest.raises(wb.GraphError, match="must be from the same graph"):
+            wb.group(x)
+        with pytest.raises(wb.GraphError, match="must be from the same graph"):
+            wb.optimizers.SGD(0.1).minimize(wb.mean(x))
+    assert len(ga.operations) == 1
+    y = x * 2.0  # outside any block: the op goes to the graph of its inputs, as before
+    assert y.graph is ga

@@ -481,3 +481,40 @@ def test_a_failing_kernel_names_the_op_and_its_line():
     assert events[1]["ops"] == ["gather"] and events[2]["op"] == "gather"
     np.testing.assert_array_equal(sess.run(picked, {params: [1.0, 2.0], index: [1, 0]}), [2.0, 1.0])
     assert [e["kind"] for e in events[-2:]] == ["run_started", "run_finished"]
+
+
+@pytest.mark.parametrize("device", [dict(), dict(device="gpu", emulate=True)], ids=["cpu", "gpu-emulated"])
+def test_feeds_that_a_cast_would_change_are_refused(device):
+    """Fixes: int64 2**40 fed to an int32 placeholder wrapped to 0; uint64 >= 2**63 became negative."""
+    g = wb.Graph()
+    with g.as_default():
+        i32 = wb.placeholder("i32", shape=(None,), dtype="int32")
+        i64 = wb.placeholder("i64", shape=(None,), dtype="int64")
+        f32 = wb.placeholder("f32", shape=(None,), dtype="float32")
+        outs = [wb.identity(i32), wb.identity(i64), wb.identity(f32)]
+    sess = wb.Session(g, **device)
+    with pytest.raises(wb.FeedError, match="placeholder 'i32' expects int32 values, got int64 value 1099511627776"):
+        sess.run(outs[0], {"i32": np.array([1, 2**40], np.int64)})
+    with pytest.raises(wb.FeedError, match="placeholder 'i32' expects int32 values, got int64 value -2147483649"):
+        sess.run(outs[0], {"i32": np.array([-(2**31) - 1], np.int64)})
+    with pytest.raises(wb.FeedError, match="placeholder 'i64' expects int64 values, got uint64 value 9223372036854775808"):
+        sess.run(outs[1], {"i64": np.array([3, 2**63], np.uint64)})
+    with pytest.raises(wb.FeedError, match="placeholder 'f32' expects float32 values, got float64 value 1e\\+300 that overflows"):
+        sess.run(outs[2], {"f32": np.array([1.0, 1e300])})
+    # lossless casts (and float rounding, and infinities already there) stay accepted
+    assert sess.run(outs[0], {"i32": np.array([-(2**31), 2**31 - 1], np.int64)}).tolist() == [-(2**31), 2**31 - 1]
+    assert sess.run(outs[1], {"i64": np.array([2**63 - 1], np.uint64)}).tolist() == [2**63 - 1]
+    assert sess.run(outs[0], {"i32": np.array([], np.int64)}).shape == (0,)
+    got = sess.run(outs[2], {"f32": np.array([0.1, np.inf, -np.inf, np.nan])})
+    assert got.dtype == np.float32 and got[0] == np.float32(0.1) and np.isinf(got[1:3]).all() and np.isnan(got[3])
+    assert sess.run(outs[2], {"f32": np.array([2**40], np.int64)}).tolist() == [2.0**40]
+
+
+def test_fit_refuses_data_that_a_cast_would_change():
+    g = wb.Graph()
+    with g.as_default():
+        y = wb.placeholder("y", shape=(None,), dtype="int32")
+        v = wb.variable("v", shape=(1,), init=1.0)
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean(v * wb.cast(y, "float32")))
+    with pytest.raises(wb.FeedError, match="placeholder 'y' expects int32 values, got int64 value 4294967296"):
+        wb.Session(g).fit(train, {"y": np.array([1, 2, 2**32, 3], np.int64)}, batch_size=2, steps=1)

@@ -89,3 +89,47 @@ def test_history():
     assert "2 steps" in repr(hist) and "loss=1.5" in repr(hist)
     with pytest.raises(KeyError, match="no field 'acc'"):
         hist["acc"]
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        (dict(steps=-3), "steps must be a positive integer, got -3"),
+        (dict(steps=0), "steps must be a positive integer, got 0"),
+        (dict(steps=1.5), r"steps must be a positive integer, got 1.5 \(float\)"),
+        (dict(steps=True), "steps must be a positive integer, got True"),
+        (dict(epochs=-1), "epochs must be a positive integer, got -1"),
+        (dict(epochs=0), "epochs must be a positive integer, got 0"),
+        (dict(batch_size=2.5), r"batch_size must be a positive integer, got 2.5 \(float\)"),
+        (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+        (dict(batch_size="8"), r"batch_size must be a positive integer, got '8' \(str\)"),
+        (dict(checkpoint_every=0), "checkpoint_every must be a positive integer, got 0"),
+        (dict(checkpoint_every=-2), "checkpoint_every must be a positive integer, got -2"),
+        (dict(replicas=0), "replicas must be a positive integer, got 0"),
+    ],
+)
+def test_fit_refuses_counts_that_are_not_positive_integers(arguments, named, tmp_path):
+    """Fixes: fit(steps=-3), epochs=-1, batch_size=2.5 ... ran nothing or raised a bare TypeError."""
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None,))
+        v = wb.variable("v", shape=(1,), init=1.0)
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean((x * v) ** 2))
+    sess = wb.Session(g)
+    before = sess.variables["v"].copy()
+    call = dict(batch_size=4, steps=2, checkpoint_dir=tmp_path)
+    call.update(arguments)
+    with pytest.raises(wb.ArgumentError, match=named) as info:
+        sess.fit(train, {"x": np.ones(8, np.float32)}, **call)
+    assert isinstance(info.value, ValueError)
+    assert sess.variables["v"] == before and not any(tmp_path.iterdir())
+
+
+def test_fit_accepts_numpy_integers():
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None,))
+        v = wb.variable("v", shape=(1,), init=1.0)
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean((x * v) ** 2))
+    history = wb.Session(g).fit(train, {"x": np.ones(8, np.float32)}, batch_size=np.int64(4), steps=np.int32(3))
+    assert len(history) == 3

@@ -11,15 +11,18 @@
 
 from workbench import cluster, optimizers
 from workbench.errors import (
+    ArgumentError,
     ClusterError,
     DeviceError,
     DTypeError,
     ExecutionError,
     FeedError,
+    FileError,
     FormatError,
     GradientError,
     GraphError,
     NumericsError,
+    PathError,
     ShapeError,
     WorkbenchError,
 )
@@ -53,8 +56,8 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
 __version__ = "0.1.0"
 
 __all__ = [
-    "ClusterError", "DTypeError", "DeviceError", "ExecutionError", "EventStream", "FeedError", "FormatError",
-    "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation", "Session",
+    "ArgumentError", "ClusterError", "DTypeError", "DeviceError", "ExecutionError", "EventStream", "FeedError", "FileError", "FormatError",
+    "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation", "PathError", "Session",
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
     "mixed_precision", "name_scope", "optimizers", "reset_default_graph", "scaling_study", "cluster", *_PUBLIC_OPS,
 ]  # fmt: skip

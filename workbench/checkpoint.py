@@ -3,59 +3,193 @@
 A training run with ``checkpoint_dir`` keeps its latest checkpoints there as
 ``step-00000120.npz``; a new session (after a kernel restart, say) resumes from
 the newest one that reads back cleanly.
+
+Variables are stored as ``variables/<name>.npy`` members, apart from the file's own
+marks (``__workbench_checkpoint__``, ``__step__``), so any variable name saves and
+restores. Reading checks every member's header (name, dtype, shape, size) before it
+reads any data, so a crafted file cannot make it allocate more than it declares or
+more than the graph's variables need.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import socket
 import tempfile
+import threading
+import time
 import zipfile
 
 import numpy as np
 
-from workbench.errors import FormatError
+from workbench.errors import FileError, FormatError, PathError
+from workbench.ops import rules
 
 MARK = "__workbench_checkpoint__"
 STEP = "__step__"
+VARIABLES = "variables/"  # prefix of the variables' members (format 2)
+FORMAT = 2
 _STEP_FILE = re.compile(r"^step-(\d{8})\.npz$")
+# temporaries of write(): ".tmp-<host>-<pid>-<random>.npz" (".tmp-<random>.npz" before hosts were named)
+_TEMP_FILE = re.compile(r"^\.tmp-(?:(?P<host>[A-Za-z0-9.-]+)-(?P<pid>\d+)-)?[a-z0-9_]+\.npz$")
+STALE_SECONDS = 3600  # a temporary left this long by another host (or an unnamed one) is abandoned
+_HOST = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) or "host"
 
 
-def write(path: str | os.PathLike, arrays: dict, step: int | None = None) -> str:
-    """Write ``arrays`` to ``path`` atomically: readers see the old file or the new one, never half."""
-    path = os.fspath(path)
+def write(path: str | os.PathLike, arrays: dict, step: int | None = None, private: bool = False) -> str:
+    """Write ``arrays`` to ``path`` atomically: readers see the old file or the new one, never half.
+
+    The file gets the permissions of any new file (the umask decides), or owner-only
+    ones with ``private=True``. A directory at ``path``, a missing directory or an
+    invalid path raise :class:`~workbench.errors.FileError`.
+    """
+    path = check_path(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=directory)
-    extra = {MARK: np.array(1)} if step is None else {MARK: np.array(1), STEP: np.array(int(step))}
+    if os.path.isdir(path):
+        raise FileError(errno.EISDIR, f"cannot write a checkpoint to {path!r}: it is a directory; give a file name", path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".tmp-{_HOST}-{os.getpid()}-", suffix=".npz", dir=directory)
+    except OSError as e:
+        what = "does not exist" if isinstance(e, FileNotFoundError) else f"cannot be written ({e.strerror})"
+        raise FileError(e.errno, f"cannot write checkpoint {path!r}: directory {directory!r} {what}", path) from e
+    marks = {MARK: np.array(FORMAT)} if step is None else {MARK: np.array(FORMAT), STEP: np.array(int(step))}
     try:
         with os.fdopen(fd, "wb") as f:
-            _write_npz(f, {**extra, **arrays})
+            _write_npz(f, {**marks, **{VARIABLES + name: value for name, value in arrays.items()}})
             f.flush()
             os.fsync(f.fileno())
+        if not private:
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise FileError(e.errno, f"cannot write checkpoint {path!r}: {e.strerror or e}", path) from e
         raise
     return path
 
 
-def read(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], int | None]:
-    """The arrays of a checkpoint and its step (None if it has none), or FormatError."""
+def check_path(path) -> str:
+    """``path`` as a string, or PathError when no file can have it."""
     path = os.fspath(path)
+    if "\0" in path:
+        raise PathError(errno.EINVAL, f"checkpoint path {path!r} contains a NUL byte")
+    return path
+
+
+_umask_lock = threading.Lock()
+
+
+def _umask() -> int:
+    with _umask_lock:  # the umask can only be read by setting it
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def read(
+    path: str | os.PathLike, expected: dict | None = None, strict: bool = False
+) -> tuple[dict[str, np.ndarray], int | None]:
+    """The arrays of a checkpoint and its step (None if it has none), or FormatError.
+
+    Parameters
+    ----------
+    expected : dict, optional
+        Variable name to ``(shape, dtype)``. Members of other names, shapes or dtypes
+        are refused from their headers, before any data is read.
+    strict : bool
+        With ``expected``: every expected variable must be in the file.
+    """
+    path = check_path(path)
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            if MARK not in archive.files:
+        with zipfile.ZipFile(path) as archive:
+            headers = _headers(archive)
+            if MARK not in headers:
                 raise FormatError(f"{path!r} is not a workbench checkpoint")
-            arrays = {name: archive[name] for name in archive.files if name not in (MARK, STEP)}
-            step = int(archive[STEP]) if STEP in archive.files else None
-            return arrays, step
+            step = int(_read_member(archive, headers[STEP])) if STEP in headers else None
+            legacy = int(_read_member(archive, headers[MARK])) < FORMAT
+            members = _variable_members(headers, legacy)
+            if expected is not None:
+                check_members(path, {name: headers[member][1:] for name, member in members.items()}, expected, strict)
+            return {name: _read_member(archive, headers[member]) for name, member in members.items()}, step
     except FormatError:
         raise
     except FileNotFoundError:
         raise FormatError(f"no checkpoint at {path!r}") from None
     except Exception as e:  # zipfile, pickle refusal, truncated data, bad headers
         raise FormatError(f"cannot read checkpoint {path!r}: {type(e).__name__}: {e}") from None
+
+
+def _headers(archive: zipfile.ZipFile) -> dict[str, tuple]:
+    """Member name (without ``.npy``) to (ZipInfo, shape, dtype), from headers alone."""
+    out = {}
+    for info in archive.infolist():
+        if not info.filename.endswith(".npy"):
+            raise ValueError(f"unexpected member {info.filename!r}")
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+            else:
+                raise ValueError(f"member {info.filename!r} has .npy version {version}")
+            offset = member.tell()
+        if dtype.hasobject:
+            raise ValueError(f"member {info.filename!r} holds Python objects")
+        rules.check_elements(shape)  # a ShapeError, reported as unreadable
+        size = offset + int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if info.file_size != size:  # what is inflated is what the header declares, and no more
+            raise ValueError(f"member {info.filename!r} holds {info.file_size} bytes; its header declares {size}")
+        out[info.filename[: -len(".npy")]] = (info, tuple(shape), dtype.name)
+    return out
+
+
+def _variable_members(headers: dict, legacy: bool) -> dict[str, str]:
+    """Variable name to member name; files of format 1 stored variables unprefixed."""
+    if legacy:
+        return {name: name for name in headers if name not in (MARK, STEP)}
+    unknown = [name for name in headers if name not in (MARK, STEP) and not name.startswith(VARIABLES)]
+    if unknown:
+        raise FormatError(f"unexpected members {', '.join(map(repr, unknown))}")
+    return {name[len(VARIABLES) :]: name for name in headers if name.startswith(VARIABLES)}
+
+
+def _read_member(archive: zipfile.ZipFile, header: tuple) -> np.ndarray:
+    with archive.open(header[0]) as member:
+        return np.lib.format.read_array(member, allow_pickle=False)
+
+
+def check_members(path: str, found: dict, expected: dict, strict: bool = False) -> None:
+    """FormatError unless ``found`` (name to (shape, dtype)) fits the variables ``expected``;
+    with ``strict`` every expected variable must be there."""
+    unknown = sorted(set(found) - set(expected))
+    if unknown:
+        raise FormatError(f"checkpoint {path!r} has variables this graph lacks: {', '.join(unknown)}")
+    missing = sorted(set(expected) - set(found))
+    if strict and missing:
+        raise FormatError(f"checkpoint {path!r} lacks variables: {', '.join(missing)}")
+    for name, (shape, dtype) in found.items():
+        want_shape, want_dtype = expected[name]
+        if tuple(shape) != tuple(want_shape) or dtype != want_dtype:
+            raise FormatError(
+                f"checkpoint value of {name!r} is {dtype} {rules.fmt(shape)}, "
+                f"the variable is {want_dtype} {rules.fmt(want_shape)}"
+            )
+
+
+def restore(path: str | os.PathLike, variables, strict: bool = True) -> dict[str, np.ndarray]:
+    """The values in checkpoint ``path`` of ``variables`` (a graph's Variable tensors), all checked
+    against them before any data is read; with ``strict`` every variable must be in the file."""
+    return read(path, specs(variables), strict)[0]
+
+
+def specs(variables) -> dict[str, tuple]:
+    """Variable name to (shape, dtype): what :func:`read` expects of a graph's variables."""
+    return {v.name: (v.shape, v.dtype) for v in variables}
 
 
 def _write_npz(file, arrays: dict) -> None:
@@ -68,26 +202,69 @@ def _write_npz(file, arrays: dict) -> None:
 
 def save_step(directory: str | os.PathLike, variables: dict, step: int, keep: int = 2) -> str:
     """Write the checkpoint of ``step`` into ``directory`` and drop all but the newest ``keep``."""
-    directory = os.fspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    directory = check_path(directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise FileError(e.errno, f"cannot create checkpoint directory {directory!r}: {e.strerror or e}", directory) from e
+    clean_temporaries(directory)
     path = write(os.path.join(directory, f"step-{step:08d}.npz"), variables, step=step)
     for old in _step_files(directory)[:-keep]:
         os.unlink(os.path.join(directory, old))
     return path
 
 
-def latest(directory: str | os.PathLike | None) -> tuple[dict[str, np.ndarray], int] | None:
-    """The newest readable checkpoint of ``directory`` as (variables, step), or None."""
-    if directory is None or not os.path.isdir(directory):
+def latest(directory: str | os.PathLike | None, expected: dict | None = None) -> tuple[dict[str, np.ndarray], int] | None:
+    """The newest readable checkpoint of ``directory`` as (variables, step), or None.
+
+    ``expected`` is as for :func:`read`.
+    """
+    if directory is None or not os.path.isdir(check_path(directory)):
         return None
+    clean_temporaries(os.fspath(directory))
     for name in reversed(_step_files(os.fspath(directory))):
         try:
-            arrays, step = read(os.path.join(directory, name))
+            arrays, step = read(os.path.join(directory, name), expected)
         except FormatError:
             continue  # a damaged file: fall back to the one before
         if step is not None:
             return arrays, step
     return None
+
+
+def clean_temporaries(directory: str) -> list[str]:
+    """Delete the temporaries that interrupted writes left in ``directory``; returns their names.
+
+    A temporary is abandoned when the process that wrote it (on this host) is gone, or
+    when nothing wrote to it for :data:`STALE_SECONDS` (temporaries of other hosts, and
+    older ones without a writer's name). Other files are never touched.
+    """
+    removed = []
+    for name in os.listdir(directory):
+        found = _TEMP_FILE.match(name)
+        if found is None:
+            continue
+        path = os.path.join(directory, name)
+        try:
+            ours = found["host"] == _HOST and found["pid"] is not None
+            if (ours and not _alive(int(found["pid"]))) or time.time() - os.stat(path).st_mtime > STALE_SECONDS:
+                os.unlink(path)
+                removed.append(name)
+        except OSError:
+            continue  # removed meanwhile by another process
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 def _step_files(directory: str) -> list[str]:

@@ -21,6 +21,10 @@ class FeedError(WorkbenchError, ValueError):
     """A feed is missing, or has the wrong shape or dtype for its placeholder."""
 
 
+class ArgumentError(WorkbenchError, ValueError):
+    """An argument is out of range or not of its kind: ``fit(steps=-3)``, ``batch_size=2.5``."""
+
+
 class GraphError(WorkbenchError, ValueError):
     """A graph is used wrongly: unknown names, tensors from another graph, bad fetches."""
 
@@ -43,6 +47,14 @@ class NumericsError(WorkbenchError, ArithmeticError):
 
 class FormatError(WorkbenchError, ValueError):
     """A graph file or checkpoint is malformed, truncated or not ours."""
+
+
+class FileError(WorkbenchError, OSError):
+    """A file cannot be written or read where asked: a directory in its place, a missing directory."""
+
+
+class PathError(FileError, ValueError):
+    """A path no file can have (a NUL byte in it)."""
 
 
 class ClusterError(WorkbenchError, RuntimeError):

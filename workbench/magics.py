@@ -94,6 +94,18 @@ class FlowMagics(Magics):
 
             display(view)
 
+    def _security(self, name: str | None):
+        """The ``distributed.Security`` the notebook holds under ``name`` (None without a name)."""
+        if name is None:
+            return None
+        from distributed import Security
+
+        value = self.shell.user_ns.get(name)
+        if not isinstance(value, Security):
+            found = "nothing" if value is None else f"a {type(value).__name__}"
+            raise UsageError(f"%flow_cluster --security {name}: expected a distributed.Security, {name!r} is {found}")
+        return value
+
     def _compile(self, line: str, cell: str):
         """Compile the cell under a file name IPython keeps in ``linecache`` (for op sources and
         errors); line numbers count the ``%%flow`` line, as the notebook shows the cell."""
@@ -110,10 +122,14 @@ class FlowMagics(Magics):
               help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), "
                    "'close' to shut the default down, or nothing for its status")  # fmt: skip
     @argument("-n", "--workers", type=int, default=None, help="workers of a local cluster")
+    @argument("-s", "--security", default=None,
+              help="the name of a distributed.Security in the notebook (certificates for tls:// addresses; "
+                   "default: Dask's distributed.comm.tls.* configuration)")  # fmt: skip
     @line_magic
     def flow_cluster(self, line: str):
         """Set (or show, or close) the Dask cluster that new sessions use by default."""
         args = parse_argstring(self.flow_cluster, line)
+        security = self._security(args.security)
         if args.workers is not None and args.workers < 1:
             raise UsageError(f"-n needs a positive number of workers, got {args.workers}")
         if args.workers is not None and args.target not in (None, "local"):
@@ -132,7 +148,8 @@ class FlowMagics(Magics):
         if target != "local" and "://" not in target:
             raise UsageError(f"%flow_cluster: {target!r} is not 'local', 'close' or a scheduler address like tcp://host:8786")
         try:
-            client = wb_cluster.set_default(target, n_workers=args.workers)
+            options = {} if security is None else {"security": security}
+            client = wb_cluster.set_default(target, n_workers=args.workers, **options)
         except WorkbenchError as e:
             raise _short(e, [f"{type(e).__name__}: {e}"]) from None
         return ClusterView(wb_cluster.info(client), message=f"new sessions run on {target}")

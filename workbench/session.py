@@ -9,14 +9,15 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
+from workbench.errors import ClusterError, DeviceError, FeedError, GraphError, WorkbenchError
 from workbench.events import ROOT, EventStream
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
 from workbench.ops import rules
+from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
-from workbench.training import History, batch_indices, check_data, is_dask_array
+from workbench.training import History, batch_indices, check_data, check_fit_arguments, is_dask_array
 
 
 class Session:
@@ -34,6 +35,8 @@ class Session:
         cluster (closed with the session), None for the default set by
         ``%flow_cluster`` or :func:`workbench.cluster.set_default` (local execution
         when none is set), or False for local execution. See :func:`workbench.cluster.connect`.
+    security : distributed.Security, optional
+        Certificates for a ``tls://`` address (default: Dask's ``distributed.comm.tls.*`` configuration).
     device : {"cpu", "gpu", "gpu:<index>"}
         Where kernels run. On a GPU (CuPy) variables stay on the device, feeds
         go up once per run and results come back as NumPy. With a cluster,
@@ -56,12 +59,13 @@ class Session:
     [[11.0]]
     """
 
-    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu", **device_options):
+    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu", security=None,
+                 **device_options):  # fmt: skip
         self.graph = graph if graph is not None else get_default_graph()
         if not isinstance(self.graph, Graph):
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
         self.seed = int(seed)
-        self.client, self._owns_client = _client_for(cluster)
+        self.client, self._owns_client = _client_for(cluster, security)
         self.device, self.device_options = device, dict(device_options)
         self.xp = np
         self._gpu = None
@@ -246,7 +250,7 @@ class Session:
         if array.dtype != ph.dtype:  # not dtype.name: that is a Python property costing ~1.5 us a feed
             if array.dtype == object or not np.can_cast(array.dtype, ph.dtype, "same_kind"):
                 raise FeedError(f"placeholder {ph.name!r} expects {ph.dtype} values, got {array.dtype}")
-            array = array.astype(ph.dtype)
+            array = cast_exactly(array, ph.dtype, f"placeholder {ph.name!r}")
         if ph.shape is not None:
             expected = ph.shape[:1] if not any_length else (None,) if ph.shape else ()
             expected += ph.shape[1:]
@@ -312,6 +316,7 @@ class Session:
             ``"samples_per_s"`` and each fetch (on a cluster also per-replica
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
+        check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas)
         arrays = {}
         for key, value in data.items():
             ph = self._placeholder(key)
@@ -342,7 +347,7 @@ class Session:
     def _fit_local(self, train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
                    callback, checkpoint_dir, checkpoint_every) -> History:  # fmt: skip
         start = 0
-        resumed = checkpoint.latest(checkpoint_dir)
+        resumed = checkpoint.latest(checkpoint_dir, checkpoint.specs(self.graph.variables))
         if resumed is not None:
             variables, start = resumed
             self._state.update({k: self.xp.asarray(v) for k, v in variables.items() if k in self.graph})
@@ -381,30 +386,19 @@ class Session:
         self.close()
 
     # -- checkpoints -------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> str:
-        """Write every variable's value to ``path`` (.npz), atomically: a crash leaves the old file."""
-        return checkpoint.write(path, self.variables)
+    def save(self, path: str | os.PathLike, private: bool = False) -> str:
+        """Write every variable's value to ``path`` (.npz), atomically: a crash leaves the old file.
+
+        The file's permissions follow the umask, or are owner-only with ``private=True``.
+        """
+        return checkpoint.write(path, self.variables, private=private)
 
     def restore(self, path: str | os.PathLike, strict: bool = True) -> None:
         """Load variable values written by :meth:`save`; checks everything before changing anything.
 
         With ``strict=True`` every variable of the graph must be in the file.
         """
-        loaded, _ = checkpoint.read(path)
-        graph_vars = {v.name: v for v in self.graph.variables}
-        unknown = sorted(set(loaded) - set(graph_vars))
-        if unknown:
-            raise FormatError(f"checkpoint {os.fspath(path)!r} has variables this graph lacks: {', '.join(unknown)}")
-        missing = sorted(set(graph_vars) - set(loaded))
-        if strict and missing:
-            raise FormatError(f"checkpoint {os.fspath(path)!r} lacks variables: {', '.join(missing)}")
-        for name, value in loaded.items():
-            v = graph_vars[name]
-            if value.shape != v.shape or value.dtype.name != v.dtype:
-                raise FormatError(
-                    f"checkpoint value of {name!r} is {value.dtype.name} {_fmt(value.shape)}, "
-                    f"the variable is {v.dtype} {_fmt(v.shape)}"
-                )
+        loaded = checkpoint.restore(path, self.graph.variables, strict)
         for name, value in loaded.items():
             self._state[name] = self.xp.asarray(value)
 
@@ -416,7 +410,7 @@ def _writable(values: list) -> list:
     return [v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v for v in values]
 
 
-def _client_for(cluster):
+def _client_for(cluster, security=None):
     """(client, whether the session owns it) for the ``cluster`` argument of Session.
 
     None: the default cluster set by ``%flow_cluster`` or ``workbench.cluster.set_default``,
@@ -429,7 +423,7 @@ def _client_for(cluster):
 
     if cluster is None:
         return default_client(), False
-    client = connect(cluster)
+    client = connect(cluster, security=security)
     return client, client is not cluster
 
 

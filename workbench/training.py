@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+import operator
+
 import numpy as np
 
-from workbench.errors import FeedError
+from workbench.errors import ArgumentError, FeedError
 
 
 def batch_indices(num_examples: int, batch_size: int, steps: int, seed, start: int = 0) -> Iterator[np.ndarray]:
@@ -30,6 +32,24 @@ def batch_indices(num_examples: int, batch_size: int, steps: int, seed, start: i
             order = np.random.default_rng([*seed, 0x5EED, epoch]).permutation(num_examples)
         k = step % per_epoch
         yield np.sort(order[k * batch_size : (k + 1) * batch_size])
+
+
+def check_fit_arguments(batch_size, steps=None, epochs=None, checkpoint_every=None, replicas=None) -> None:
+    """ArgumentError naming the first of ``fit``'s counts that is not a positive integer
+    (None stands for a default and is accepted, except for ``batch_size``)."""
+    counts = {"batch_size": batch_size, "steps": steps, "epochs": epochs,
+              "checkpoint_every": checkpoint_every, "replicas": replicas}  # fmt: skip
+    for name, value in counts.items():
+        if value is None and name != "batch_size":
+            continue
+        if isinstance(value, (bool, np.bool_)):
+            raise ArgumentError(f"fit() {name} must be a positive integer, got {value!r}")
+        try:
+            count = operator.index(value)
+        except TypeError:
+            raise ArgumentError(f"fit() {name} must be a positive integer, got {value!r} ({type(value).__name__})") from None
+        if count < 1:
+            raise ArgumentError(f"fit() {name} must be a positive integer, got {count}")
 
 
 def is_dask_array(value) -> bool:

@@ -312,3 +312,190 @@ def test_values_are_numpy_after_a_local_fit(kit):
     sess = wb.Session(m["graph"], cluster=False)
     sess.fit(m["train"], kit.blobs(), batch_size=8, steps=1)
     assert all(isinstance(v, np.ndarray) for v in sess.variables.values())
+
+
+# -- security= on Session and %flow_cluster ----------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_session_takes_security_for_a_tls_address(kit, tls_cluster):
+    """Fixes: a tls:// cluster needed a hand-made Client."""
+    address, security, _ = tls_cluster
+    m = kit.mlp()
+    with wb.Session(m["graph"], seed=SEED, cluster=address, security=security) as sess:
+        assert sess.client.scheduler.address == address
+        hist = sess.fit(m["train"], kit.blobs(), batch_size=12, steps=2)
+        assert hist["replicas"].tolist() == [2, 2]
+    assert sess.client is None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_tls_address_uses_the_configured_certificates(kit, tls_cluster):
+    address, security, _ = tls_cluster
+    keys = {
+        "distributed.comm.tls.ca-file": security.tls_ca_file,
+        "distributed.comm.tls.client.cert": security.tls_client_cert,
+        "distributed.comm.tls.client.key": security.tls_client_key,
+        "distributed.comm.require-encryption": True,
+    }
+    with dask.config.set(keys):
+        with wb.Session(kit.mlp()["graph"], cluster=address) as sess:
+            assert len(wb.cluster.info(sess.client)["workers"]) == 2
+    with pytest.raises(wb.ClusterError, match=r"needs TLS certificates: pass security=distributed.Security"):
+        wb.cluster.connect(address, timeout=3)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_flow_cluster_takes_security_by_name(tls_cluster):
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    address, security, _ = tls_cluster
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "workbench")
+    ip.user_ns["certs"] = security
+    try:
+        view = ip.run_line_magic("flow_cluster", f"{address} --security certs")
+        assert wb.cluster.default_client().scheduler.address == address
+        assert len(view.info["workers"]) == 2 and view.message == f"new sessions run on {address}"
+    finally:
+        wb.cluster.close_default()
+        ip.user_ns.pop("certs", None)
+    with pytest.raises(UsageError, match="expected a distributed.Security, 'nowhere' is nothing"):
+        ip.run_line_magic("flow_cluster", f"{address} -s nowhere")
+
+
+# -- peers that are not schedulers: an answer within the timeout --------------------------------
+
+
+class Peer:
+    """A TCP server on 127.0.0.1 that does one thing to every connection: nothing, or send ``reply``."""
+
+    def __init__(self, reply: bytes | None = None, close: bool = False):
+        import threading
+
+        self.reply, self.close_after, self.connections = reply, close, []
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(16)
+        self.address = f"tcp://127.0.0.1:{self.socket.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.socket.accept()
+            except OSError:
+                return  # closed
+            self.connections.append(conn)
+            if self.reply is not None:
+                conn.sendall(self.reply)
+            if self.close_after:
+                conn.close()
+
+    def stop(self):
+        self.socket.shutdown(socket.SHUT_RDWR)  # wakes the accept() of the serving thread
+        self.socket.close()
+        for conn in self.connections:
+            conn.close()
+        self.thread.join(timeout=5)
+
+
+HTTP_400 = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\nBad Request"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "reply, close, message",
+    [
+        (None, False, r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:\d+ within 3 s: no answer"),
+        (HTTP_400, True, r"answered, but not as a Dask scheduler \(MemoryError.*the dashboard \(by default on port 8787"),
+        (b"\xff" * 64 + b"garbage", False, r"answered, but not as a Dask scheduler"),
+    ],
+    ids=["accepts-and-stays-silent", "http-reply", "garbage"],
+)
+def test_a_peer_that_is_not_a_scheduler_is_a_cluster_error_within_the_timeout(reply, close, message):
+    """Fixes: a silent peer took 122 s with a 10 s timeout; an HTTP reply let a bare MemoryError out."""
+    peer = Peer(reply, close)
+    try:
+        started = time.perf_counter()
+        with pytest.raises(wb.ClusterError, match=message):
+            wb.cluster.connect(peer.address, timeout=3)
+        assert time.perf_counter() - started < 3 + 5
+        assert peer.connections  # it did accept
+    finally:
+        peer.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_silent_http_server_is_a_cluster_error_within_the_timeout(tmp_path):
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        line = server.stdout.readline()
+        port = int(line.split(" port ")[1].split()[0])
+        started = time.perf_counter()
+        with pytest.raises(wb.ClusterError, match="within 2 s: no answer"):
+            with dask.config.set({"workbench.cluster.timeout": "2s"}):
+                wb.Session(wb.Graph(), cluster=f"tcp://127.0.0.1:{port}")
+        assert time.perf_counter() - started < 2 + 5
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_a_worker_address_is_not_a_scheduler(cli_cluster):
+    _, client = cli_cluster
+    worker = wb.cluster.info(client)["workers"][0]["address"]
+    with pytest.raises(wb.ClusterError, match=f"{worker} is a Dask Worker, not a scheduler"):
+        wb.cluster.connect(worker, timeout=5)
+
+
+# -- the embedded cluster listens on loopback only ---------------------------------------------
+
+
+def _listening(pids) -> set:
+    import psutil
+
+    found = set()
+    for pid in pids:
+        try:
+            for conn in psutil.Process(pid).net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.add((pid, conn.laddr.ip, conn.laddr.port))
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_embedded_cluster_listens_on_loopback_only():
+    """Fixes: the local cluster's dashboard listened on 0.0.0.0 while its link said 127.0.0.1."""
+    import urllib.request
+
+    import psutil
+
+    me = psutil.Process()
+    before = _listening([me.pid])
+    others = {p.pid for p in me.children(recursive=True)}  # processes other tests started
+    with wb.Session(wb.Graph(), cluster="local") as sess:
+        sess.client.wait_for_workers(1, timeout=60)
+        children = [p.pid for p in me.children(recursive=True) if p.pid not in others]
+        opened = (_listening([me.pid]) - before) | _listening(children)
+        link = sess.client.dashboard_link
+        with urllib.request.urlopen(link, timeout=20) as page:  # the link works
+            assert page.status == 200
+    assert children and len(opened) >= 2 + len(children)  # scheduler, dashboard, and each worker and nanny
+    assert {ip for _, ip, _ in opened} == {"127.0.0.1"}, opened
+    assert link.startswith("http://127.0.0.1:")

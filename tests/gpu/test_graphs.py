@@ -45,23 +45,26 @@ class FakeCapture:
         return np.array(array, copy=True)
 
 
-def _mlp(dropout=False):
+def _mlp(dropout=False, classify=False):
+    """A regression MLP (``classify``: a classifier, whose cross-entropy checks labels on the host)."""
     g = wb.Graph(name="mlp")
     with g.as_default():
         x = wb.placeholder("x", shape=(None, 6))
-        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        y = wb.placeholder("y", shape=(None,), dtype="int64") if classify else wb.placeholder("y", shape=(None, 3))
         h = wb.relu(wb.matmul(x, wb.variable("w1", shape=(6, 8))) + wb.variable("b1", shape=(8,), init=0.1))
         if dropout:
             h = wb.dropout(h, 0.5)
         logits = wb.matmul(h, wb.variable("w2", shape=(8, 3))) + wb.variable("b2", shape=(3,), init="zeros")
-        loss = wb.mean(wb.softmax_cross_entropy(logits, y), name="loss")
+        error = wb.softmax_cross_entropy(logits, y) if classify else (logits - y) ** 2
+        loss = wb.mean(error, name="loss")
         train = wb.optimizers.Adam(0.05).minimize(loss)
     return g, train, loss
 
 
-def _batch(n=16, seed=0):
+def _batch(n=16, seed=0, classify=False):
     rng = np.random.default_rng(seed)
-    return {"x": rng.normal(size=(n, 6)).astype(np.float32), "y": rng.integers(0, 3, n)}
+    y = rng.integers(0, 3, n) if classify else rng.normal(size=(n, 3)).astype(np.float32)
+    return {"x": rng.normal(size=(n, 6)).astype(np.float32), "y": y}
 
 
 def _graph_session(g):
@@ -120,6 +123,20 @@ def test_random_ops_and_check_numerics_never_capture():
     for _ in range(4):
         sess.run(train, _batch(), check_numerics=True)
     assert sess._gpu.capture.captures == 0 and sess._gpu.graph_replays == 0
+
+
+def test_plans_that_check_indices_never_capture():
+    """A replay would skip the label check of softmax_cross_entropy, so such plans run plainly."""
+    g, train, loss = _mlp(classify=True)
+    sess = _graph_session(g)
+    for _ in range(4):
+        sess.run(train, _batch(classify=True))
+    graphs = _plan_graphs(sess)
+    assert "checks its indices on the host" in graphs.obstacle and sess._gpu.capture.captures == 0
+    bad = _batch(classify=True)
+    bad["y"][3] = -1
+    with pytest.raises(wb.ExecutionError, match="label -1 at position 3 is out of range"):
+        sess.run(train, bad)
 
 
 def test_updates_that_replace_the_array_are_never_captured():

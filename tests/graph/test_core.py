@@ -287,3 +287,17 @@ def test_aliases_chain_through_repeated_passes(graph):
     pruned = passes.prune(twice, [d.name])
     passes.validate(pruned)
     assert pruned.get(b.name) is pruned.get(a.name)
+
+
+def test_shapes_beyond_the_element_limit_are_refused_when_built():
+    """Fixes: a variable of shape (10**12,) was built and then failed with a bare MemoryError."""
+    g = wb.Graph()
+    with g.as_default():
+        with pytest.raises(wb.ShapeError, match=r"variable 'huge': shape \(1000000000000,\) has 1,000,000,000,000 elements, more than the limit of 2,147,483,648"):
+            wb.variable("huge", shape=(10**12,), init="zeros")
+        with pytest.raises(wb.ShapeError, match="more than the limit"):
+            wb.placeholder("big", shape=(None, 10**6, 10**6))  # too large for even one row
+        wb.placeholder("p", shape=(None, 10**4, 10**4))
+        x = wb.placeholder("x", shape=(2**16,))
+        with pytest.raises(wb.ShapeError, match=r"matmul 'outer'.*has 4,294,967,296 elements"):
+            wb.matmul(wb.reshape(x, (-1, 1)), wb.reshape(x, (1, -1)), name="outer")

@@ -318,3 +318,18 @@ def test_failed_load_has_no_side_effects(doc):
     with pytest.raises(wb.FormatError):
         load(bad)
     assert wb.get_default_graph() is before and len(before.operations) == count
+
+
+def test_a_variable_beyond_the_element_limit_is_refused_at_load(doc):
+    """Fixes: a graph file with a (10**12,) variable loaded, then its first run raised MemoryError."""
+    record = op_record(doc, "scale")
+    record["attrs"]["shape"] = [10**12]
+    record["outputs"][0]["shape"] = [10**12]
+    with pytest.raises(wb.FormatError, match=r"'scale'.*ShapeError: .*shape \(1000000000000,\) has .* elements, more than the limit"):
+        load(doc)
+
+
+def test_a_nul_in_a_name_is_refused_at_load(doc):
+    op_record(doc, "scale")["name"] = "sc\0ale"
+    with pytest.raises(wb.FormatError, match="invalid name"):
+        load(doc)

@@ -15,8 +15,11 @@ or ``dask.config.set({"workbench.cluster.address": ...})``. Keys (all optional):
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import threading
+import time
 from typing import Any
 
 import dask
@@ -52,9 +55,12 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     """An embedded cluster on this machine: one process per worker, one thread each, BLAS at one thread.
 
     With GPUs and dask-cuda installed, a ``LocalCUDACluster`` with one worker per GPU.
+    Everything it opens (scheduler, workers, nannies, dashboard) listens on 127.0.0.1
+    unless ``host`` or a dashboard address with a host (``"0.0.0.0:8787"``) says otherwise.
     """
     gpus = gpu_count()
-    dashboard = kwargs.pop("dashboard_address", config("dashboard-address", ":0"))
+    dashboard = on_loopback(kwargs.pop("dashboard_address", config("dashboard-address", ":0")))
+    kwargs.setdefault("host", "127.0.0.1")
     if gpus:
         try:
             from dask_cuda import LocalCUDACluster
@@ -73,10 +79,18 @@ def local_cluster(n_workers: int | None = None, **kwargs):
             n_workers=int(n),
             threads_per_worker=1,
             processes=True,
-            host="127.0.0.1",
             dashboard_address=dashboard,
             **kwargs,
         )
+
+
+def on_loopback(address):
+    """A dashboard address without a host (``":0"``, ``":8787"``, ``8787``) bound to 127.0.0.1;
+    Dask would bind it to every interface. None (no dashboard) and addresses with a host stay."""
+    if address is None or address is False:
+        return address
+    text = str(address)
+    return f"127.0.0.1:{text.lstrip(':')}" if text.startswith(":") or text.isdigit() else text
 
 
 def connect(cluster: Any = None, *, security=None, timeout: str | float | None = None, n_workers: int | None = None):
@@ -89,9 +103,11 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
         ``"tls://..."``), ``"local"`` for an embedded cluster, or None for the
         configured default (``workbench.cluster.address``, default ``"local"``).
     security : distributed.Security, optional
-        Certificates for ``tls://`` addresses.
+        Certificates for ``tls://`` addresses; without it, those of Dask's configuration
+        (``distributed.comm.tls.ca-file``, ``.client.cert``, ``.client.key``).
     timeout : seconds or a Dask time string, optional
-        How long to wait for the scheduler before a ClusterError.
+        How long to wait for the scheduler before a ClusterError, whatever the peer does
+        (refuses, stays silent, answers HTTP or garbage): see :func:`probe`.
     """
     from distributed import Client
 
@@ -109,8 +125,13 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
         raise ClusterError(f"cluster address {cluster!r} needs a protocol, e.g. 'tcp://{cluster}'")
     timeout = timeout if timeout is not None else config("timeout", "10s")
     seconds = dask.utils.parse_timedelta(timeout, default="seconds")
+    started = time.monotonic()
     try:
-        return Client(cluster, security=security, timeout=seconds, set_as_default=False)
+        probe(cluster, security, seconds)
+        left = max(seconds - (time.monotonic() - started), 1.0)
+        return Client(cluster, security=security, timeout=left, set_as_default=False)
+    except ClusterError as e:
+        error = e
     except OSError as e:  # includes TimeoutError and connection refusals
         error = ClusterError(f"cannot reach the Dask scheduler at {cluster} within {seconds:g} s: {e}")
     except (ValueError, TypeError) as e:  # e.g. tls:// without certificates (a TypeError in distributed)
@@ -119,6 +140,67 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
     # later, inside another client's start, its close waits on that start's lock for a minute.
     gc.collect()
     raise error
+
+
+def probe(address: str, security, seconds: float) -> None:
+    """ClusterError unless a Dask scheduler answers at ``address`` within ``seconds``.
+
+    Whatever the peer does (accepts and stays silent, answers HTTP, sends garbage that
+    Dask would read as a frame of exabytes), the answer comes within the timeout: the
+    handshake and one ``identity`` call run on a private event loop under one deadline,
+    in a thread, so this works inside a running notebook loop too.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["identity"] = asyncio.run(asyncio.wait_for(_identity(address, security, seconds), seconds))
+        except BaseException as e:  # noqa: BLE001 - MemoryError included: reported below
+            outcome["error"] = e
+
+    if address.startswith("tls://") and security is None and not _tls_configured():
+        raise ClusterError(
+            f"{address} needs TLS certificates: pass security=distributed.Security(...) "
+            "or set the distributed.comm.tls.* keys of Dask's configuration"
+        )
+    thread = threading.Thread(target=run, name=f"workbench-probe-{address}", daemon=True)
+    thread.start()
+    thread.join(seconds + 2.0)
+    error = outcome.get("error")
+    if thread.is_alive() or isinstance(error, (asyncio.TimeoutError, TimeoutError)):
+        raise ClusterError(f"cannot reach the Dask scheduler at {address} within {seconds:g} s: no answer")
+    if isinstance(error, OSError):  # refused, unknown host, closed on us (CommClosedError)
+        raise ClusterError(f"cannot reach the Dask scheduler at {address} within {seconds:g} s: {error}") from error
+    if error is not None:
+        raise ClusterError(
+            f"{address} answered, but not as a Dask scheduler ({type(error).__name__}: {error}); "
+            "is it another service, such as the dashboard (by default on port 8787; the scheduler listens on 8786)?"
+        ) from error
+    kind = outcome["identity"].get("type") if isinstance(outcome["identity"], dict) else None
+    if kind != "Scheduler":
+        raise ClusterError(f"{address} is a Dask {kind or 'peer'}, not a scheduler: give the scheduler's address")
+
+
+def _tls_configured() -> bool:
+    """Certificates or a security loader in Dask's configuration."""
+    return bool(dask.config.get("distributed.comm.tls.ca-file", None) or dask.config.get("distributed.client.security-loader", None))
+
+
+async def _identity(address: str, security, seconds: float):
+    from distributed import Security
+    from distributed.core import rpc
+
+    if security is None:  # as Client does: a configured security loader, else the distributed.comm.tls.* keys
+        from distributed import client
+
+        loader = getattr(client, "_maybe_call_security_loader", None)
+        security = (loader(address) if loader is not None else None) or Security()
+    args = security.get_connection_args("client")
+    remote = rpc(address, timeout=seconds, connection_args=args)
+    try:
+        return await remote.identity()
+    finally:
+        await remote.close_rpc()
 
 
 def info(client) -> dict:

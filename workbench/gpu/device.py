@@ -18,6 +18,7 @@ from workbench.gpu.codegen import supports_op
 from workbench.gpu.graphs import CudaCapture, PlanGraphs
 from workbench.gpu.kernels import FusedKernels
 from workbench.ops import fused
+from workbench.ops.registry import cast_exactly
 
 POOLS = ("default", "managed", "async", "none")
 RESULTS = ("numpy", "device")
@@ -194,7 +195,7 @@ class GPU:
             # check shape and dtype on a zero-stride host stand-in, then cast on the device if needed
             stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape, (0,) * value.ndim)
             checked = check(ph, stand_in)
-            return value if checked.dtype == value.dtype else value.astype(checked.dtype)
+            return value if checked.dtype == value.dtype else cast_exactly(value, checked.dtype.name, f"placeholder {ph.name!r}")
         return self.to_device(check(ph, value))
 
     def to_device(self, array: np.ndarray):

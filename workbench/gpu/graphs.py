@@ -13,8 +13,9 @@ A captured run is only correct while every address it baked in stays valid, so:
   (shapes and dtypes) left every variable's array in place (the plan's
   ``own_state`` updates write into the variables' own arrays), and only if the
   capture itself replaced none;
-- plans with random ops (host RNG) never capture, nor do runs with
-  ``check_numerics`` (it reads values on the host);
+- plans with random ops (host RNG) or index checks (gather, one_hot,
+  softmax_cross_entropy read their indices on the host) never capture, nor do
+  runs with ``check_numerics`` (it reads values on the host);
 - what the captured run allocates comes from a private memory pool that lives
   as long as the graph, so no other array is ever given that memory;
 - before each replay the variables are checked to be the captured arrays
@@ -39,6 +40,8 @@ def capture_obstacle(plan) -> str | None:
     for op in plan.step_ops:
         if op.opdef.random:
             return f"{op.type} {op.name!r} draws random numbers on the host"
+        if op.opdef.checks_values:
+            return f"{op.type} {op.name!r} checks its indices on the host at every run"
         if op.opdef.stateful and op.opdef.inplace is None:
             return f"{op.type} {op.name!r} has no in-place kernel to update its variable"
     return None

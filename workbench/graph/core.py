@@ -251,10 +251,12 @@ class Graph:
                 raise GraphError(f"{op_type} {scoped!r}: input {t.name!r} belongs to graph {t.graph.name!r}, not {self.name!r}")
         try:
             specs = opdef.infer(*(t.spec for t in inputs), **attrs)
+            specs = (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
+            for spec in specs:
+                rules.check_elements(spec.shape)
         except (ShapeError, DTypeError) as e:
             where = f"\n  {source}" if source else ""
             raise type(e)(f"{op_type} {scoped!r}: {e}{where}") from None
-        specs = (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
         deps = [d for frame in self._control for d in frame] + list(control_inputs)
         op = Operation(self, scoped, op_type, inputs, attrs, _unique(deps), source, len(self.operations))
         cls = Variable if op_type == "variable" else Tensor
@@ -324,8 +326,8 @@ class Graph:
 
 
 def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name or ":" in name or name.startswith("/") or name.endswith("/"):
-        raise GraphError(f"invalid name {name!r}: use a non-empty string without ':' or a leading or trailing '/'")
+    if not isinstance(name, str) or not name or ":" in name or name.startswith("/") or name.endswith("/") or "\0" in name:
+        raise GraphError(f"invalid name {name!r}: use a non-empty string without ':', NUL or a leading or trailing '/'")
 
 
 def _unique(ops_: list[Operation]) -> list[Operation]:
@@ -404,6 +406,7 @@ def build(op_type: str, inputs, attrs: dict, name: str | None):
         names = ", ".join(repr(g.name) for g in graphs.values())
         raise GraphError(f"{op_type}: inputs come from different graphs ({names})")
     graph = next(iter(graphs.values())) if graphs else get_default_graph()
+    check_default(graph, op_type, inputs)
     source = user_source()
     like = next((t.dtype for t in inputs if isinstance(t, Tensor) and t.dtype != "bool"), None)
     tensors = tuple(_to_tensor(v, graph, like, source) for v in inputs)
@@ -414,6 +417,19 @@ def build(op_type: str, inputs, attrs: dict, name: str | None):
     return op.outputs if op.outputs else op
 
 
+def check_default(graph: Graph, what: str, inputs=()) -> None:
+    """GraphError if a ``with g.as_default():`` block (or a ``%%flow`` cell) of another graph is
+    open: an op on ``graph``'s tensors would silently land in ``graph``, not the one being built."""
+    stack = _stack()
+    if stack and stack[-1] is not graph:
+        tensor = next((t for t in inputs if isinstance(t, (Tensor, Operation)) and t.graph is graph), None)
+        label = f"{tensor.name!r} belongs to" if tensor is not None else "its inputs belong to"
+        raise GraphError(
+            f"{what}: {label} graph {graph.name!r}, but graph {stack[-1].name!r} is being built; "
+            "tensors must be from the same graph"
+        )
+
+
 registry.bind_builder(build)
 
 
@@ -421,6 +437,7 @@ def group(*inputs, name: str | None = None) -> Operation:
     """An operation that runs all of ``inputs`` (tensors or operations) and outputs nothing."""
     deps = [_as_op(x) for x in inputs]
     graph = deps[0].graph if deps else get_default_graph()
+    check_default(graph, "group", deps)
     return graph.add_op("no_op", (), {}, name or "group", control_inputs=deps, source=user_source())
 
 

@@ -193,9 +193,7 @@ class Plan:
             except WorkbenchError:
                 raise
             except Exception as e:  # a kernel failed on these values: say which op, and where it was made
-                op = self.step_ops[i]
-                where = f"\n  {op.source}" if op.source else ""
-                raise ExecutionError(f"{op.type} {op.name!r} failed: {type(e).__name__}: {e}{where}", op=op.name) from e
+                raise kernel_error(self.step_ops[i], e) from e
         self.run_count += 1
         values = [None if s is None else slots[s] for s in self.fetch_slots]
         if self.own_state:  # never hand out a variable's array: later updates write into it
@@ -206,7 +204,12 @@ class Plan:
     def _run_checked(self, slots: list) -> None:
         xp = self.xp
         for (fn, get, out, dead), op in zip(self.steps, self.step_ops):
-            result = fn(*get(slots))
+            try:
+                result = fn(*get(slots))
+            except WorkbenchError:
+                raise
+            except Exception as e:
+                raise kernel_error(op, e) from e
             results = (result,) if out.__class__ is int else tuple(result)
             for o, r, t in zip((out,) if out.__class__ is int else out, results, op.outputs):
                 slots[o] = r
@@ -224,6 +227,12 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<Plan of {len(self.steps)} kernel calls, {len(self.template)} slots>"
+
+
+def kernel_error(op: Operation, error: Exception) -> ExecutionError:
+    """The ExecutionError for ``op``'s kernel failing with ``error``: the op, the error and the user's line."""
+    where = f"\n  {op.source}" if op.source else ""
+    return ExecutionError(f"{op.type} {op.name!r} failed: {type(error).__name__}: {error}{where}", op=op.name)
 
 
 def _nothing(slots) -> tuple:

@@ -326,8 +326,27 @@ def _gather_spec(params: TensorSpec, indices: TensorSpec, *, axis) -> TensorSpec
     return TensorSpec(params.shape[:axis] + indices.shape + params.shape[axis + 1 :], params.dtype)
 
 
+def check_indices(xp, indices, size: int, what: str = "index") -> None:
+    """IndexError unless every value of ``indices`` is in ``[0, size)``.
+
+    NumPy would wrap a negative index to the end and CuPy wraps any index, so a bad
+    label would silently pick another class. The check is one fused comparison and one
+    boolean read: on a GPU, one device-to-host sync per call (a few microseconds); the
+    offending value is looked up only when there is one.
+    """
+    bad = (indices < 0) | (indices >= size)
+    if bool(xp.any(bad)):
+        flat_bad = xp.reshape(bad, (-1,))
+        first = int(xp.argmax(xp.astype(flat_bad, xp.int8)))
+        value = int(xp.reshape(indices, (-1,))[first])
+        count = int(xp.sum(xp.astype(flat_bad, xp.int64)))
+        others = f" (and {count - 1} more)" if count > 1 else ""
+        raise IndexError(f"{what} {value} at position {first} is out of range [0, {size}){others}")
+
+
 def _gather_kernel(xp, params, indices, *, axis):
     axis = axis % params.ndim
+    check_indices(xp, indices, params.shape[axis])
     flat = xp.take(params, xp.reshape(indices, (-1,)), axis=axis)
     return xp.reshape(flat, params.shape[:axis] + indices.shape + params.shape[axis + 1 :])
 
@@ -357,7 +376,7 @@ def _gather_grad_kernel(xp, g, params, indices, *, axis):
     return xp.permute_dims(out, inverse)
 
 
-defop("gather", infer=_gather_spec, kernel=_gather_kernel,
+defop("gather", infer=_gather_spec, kernel=_gather_kernel, checks_values=True,
       grad=lambda op, g: (gather_grad(g, *op.inputs, axis=op.attrs["axis"]), None))
 defop("gather_grad",
       infer=lambda g, params, indices, *, axis: TensorSpec(params.shape, g.dtype),
@@ -379,8 +398,9 @@ def _one_hot_spec(indices: TensorSpec, *, depth, dtype) -> TensorSpec:
 
 
 def _one_hot_kernel(xp, indices, *, depth, dtype):
+    check_indices(xp, indices, depth)
     hot = xp.expand_dims(indices, axis=-1) == xp.arange(depth, dtype=indices.dtype)
     return xp.astype(hot, getattr(xp, dtype))
 
 
-defop("one_hot", infer=_one_hot_spec, kernel=_one_hot_kernel, nondiff="integer input")
+defop("one_hot", infer=_one_hot_spec, kernel=_one_hot_kernel, nondiff="integer input", checks_values=True)

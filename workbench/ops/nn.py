@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from workbench.errors import DTypeError, GradientError, ShapeError
 from workbench.ops import rules
+from workbench.ops.array import check_indices
 from workbench.ops.math import exp, sum
 from workbench.ops.registry import INTS, TensorSpec, apply, defop
 
@@ -75,6 +76,7 @@ def _sce_spec(logits: TensorSpec, labels: TensorSpec):
 
 
 def _sce_kernel(xp, logits, labels):
+    check_indices(xp, labels, logits.shape[-1], "label")
     z = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(z)
     s = xp.sum(e, axis=-1, keepdims=True)
@@ -100,7 +102,7 @@ def _sce_grad_kernel(xp, probs, labels, g):
     return (probs - hot) * g[..., None]
 
 
-defop("softmax_cross_entropy", infer=_sce_spec, kernel=_sce_kernel, grad=_sce_grad, num_outputs=2)
+defop("softmax_cross_entropy", infer=_sce_spec, kernel=_sce_kernel, grad=_sce_grad, num_outputs=2, checks_values=True)
 defop("softmax_cross_entropy_grad",
       infer=lambda probs, labels, g: probs,
       kernel=_sce_grad_kernel,

@@ -13,6 +13,9 @@ An op is registered once with :func:`defop`:
   but writes the result into ``out``, an input the executor owns and no longer
   needs (or, for variable updates, the variable's current value); the executor
   only calls it when ``out`` has the result's shape and dtype.
+- ``checks_values=True`` marks a kernel that reads values on the host to check them
+  (indices in range): on a GPU that is a device-to-host sync, and such a plan is never
+  captured as a CUDA graph (a replay would skip the check).
 
 Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
 at import time. The registry knows nothing of graphs: op functions reach the graph
@@ -26,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from workbench.errors import DTypeError
+from workbench.errors import DTypeError, FeedError
 
 Shape = tuple  # of int | None
 
@@ -51,6 +54,7 @@ class OpDef:
     elementwise: bool = False  # output[i] depends only on inputs[i] (after broadcasting)
     variadic: bool = False  # takes any number of inputs (concat, stack, group)
     inplace: Callable[..., Any] | None = None  # inplace(xp, out, *arrays, **attrs): kernel's result written into out
+    checks_values: bool = False  # the kernel reads its inputs' values on the host (index checks)
 
     @property
     def differentiable(self) -> bool:
@@ -119,3 +123,28 @@ def as_dtype(dtype: Any) -> str:
 
 def is_float(dtype: str) -> bool:
     return dtype in FLOATS
+
+
+def cast_exactly(array, dtype: str, what: str):
+    """``array`` (NumPy or CuPy) cast to ``dtype``, or FeedError naming ``what`` if a value would change.
+
+    Integers must fit the target's range (int64 ``2**40`` would wrap to 0 in int32,
+    uint64 ``2**63`` would turn negative in int64); finite numbers must stay finite
+    (``1e300`` is inf in float32). Rounding a number to a narrower float is not a change:
+    float64 feeds of float32 placeholders stay accepted.
+    """
+    target = np.dtype(dtype)
+    if target.kind in "iu" and array.dtype.kind in "iu" and array.size:
+        info = np.iinfo(target)
+        for value in (array.min(), array.max()):
+            if not info.min <= int(value) <= info.max:
+                raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {int(value)} that {dtype} cannot hold")
+    with np.errstate(over="ignore"):  # an overflow is reported below, with the placeholder's name
+        converted = array.astype(target)
+    if target.kind == "f" and array.size:
+        # array methods and operators only: the same code for NumPy and CuPy arrays
+        overflow = (abs(converted) == np.inf) & ~(abs(array) == np.inf)
+        if bool(overflow.any()):
+            value = array[overflow][0]
+            raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {value} that overflows {dtype}")
+    return converted

@@ -13,6 +13,11 @@ from workbench.errors import DTypeError, ShapeError
 from workbench.ops.registry import TensorSpec, is_float
 
 
+# The most elements one tensor may have (about 8.6 GB of float32): larger shapes are refused
+# when the graph is built or loaded, not met as a MemoryError on the first run.
+MAX_ELEMENTS = 2**31
+
+
 def fmt(shape: Sequence) -> str:
     """``(None, 64)`` for a shape, the way users write it."""
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
@@ -82,3 +87,15 @@ def num_elements(shape: Sequence) -> int | None:
             return None
         n *= d
     return n
+
+
+def check_elements(shape: Sequence | None) -> None:
+    """ShapeError if ``shape`` has more than :data:`MAX_ELEMENTS` elements with each unknown
+    dimension at 1 (any tensor of that shape with a row in it would be too large)."""
+    if shape is None:
+        return
+    count = 1
+    for d in shape:
+        count *= 1 if d is None else d
+    if count > MAX_ELEMENTS:
+        raise ShapeError(f"shape {fmt(shape)} has {count:,} elements, more than the limit of {MAX_ELEMENTS:,} (2**31)")
