@@ -67,6 +67,7 @@ def test_training_model_progress_eta_and_curves(clock):
     assert snap["elapsed"] == pytest.approx(2.5)
     assert snap["eta"] == pytest.approx(7.5)  # 75 steps at 0.1 s each
     assert snap["samples_per_s"] == 2500.0
+    assert snap["median_samples_per_s"] == 1300.0  # of 100, 200, ..., 2500
     assert sorted(snap["curves"]) == ["acc", "loss"]
     assert snap["throughput"][-1] == [25, 2500.0]
     assert snap["workers"] == {}
