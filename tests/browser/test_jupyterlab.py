@@ -272,14 +272,7 @@ def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
         browser = launch(pw, chromium)
         try:
             page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            page.goto(f"{url}/lab/workspaces/views/tree/views.ipynb?reset&token={token}", wait_until="domcontentloaded")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
-                                   timeout=60_000)  # fmt: skip
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            open_notebook(page, url, token, "views")
             try:
                 page.locator(".wb-graph g.wb-node[data-state='error']").wait_for(timeout=60_000)
             finally:
@@ -295,5 +288,122 @@ def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
             assert cluster.locator("a").get_attribute("href") == "http://127.0.0.1:8787/status"
             wait_for_last_cell(page)
             page.screenshot(path=str(tmp_path / "views.png"))
+        finally:
+            browser.close()
+
+
+MODELS_NOTEBOOK = [
+    "%load_ext workbench",
+    "%%flow cnn\n"
+    "x = placeholder('x', shape=(None, 64))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "h = reshape(x, (-1, 1, 8, 8))\n"
+    "for i, (cin, cout) in enumerate([(1, 8), (8, 16)], start=1):\n"
+    "    with name_scope(f'conv{i}'):\n"
+    "        k = variable('k', shape=(cout, cin, 3, 3), init='he_normal')\n"
+    "        c = variable('c', shape=(cout, 1, 1), init='zeros')\n"
+    "        h = max_pool2d(relu(conv2d(h, k, padding='same') + c), 2)\n"
+    "with name_scope('dense'):\n"
+    "    logits = reshape(h, (-1, 64)) @ variable('w', shape=(64, 10)) + variable('b', shape=(10,), init='zeros')\n"
+    "loss = mean(softmax_cross_entropy(logits, y))\ntrain = Adam(0.01).minimize(loss)",
+    "%%flow mlp6\n"
+    "h = placeholder('x', shape=(None, 64))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "for i, units in enumerate([64, 48, 32, 32, 16, 10], start=1):\n"
+    "    with name_scope(f'layer{i}'):\n"
+    "        h = matmul(h, variable('w', shape=(h.shape[1], units))) + variable('b', shape=(units,))\n"
+    "        h = relu(h) if i < 6 else h\n"
+    "loss = mean(softmax_cross_entropy(h, y))\ntrain = SGD(0.1).minimize(loss)",
+]
+
+# Each scope box (in the drawing's own coordinates) against every node: members inside, others outside.
+BOX_CHECK = """(view) => {
+    const num = (e, a) => Number(e.getAttribute(a));
+    const nodes = [...view.querySelectorAll('g.wb-node')].map((g) => {
+        const [x, y] = g.getAttribute('transform').match(/-?[0-9.]+/g).map(Number);
+        const r = g.querySelector('.wb-shape');
+        return { id: g.dataset.id, x, y, w: num(r, 'width'), h: num(r, 'height') };
+    });
+    const bad = [];
+    for (const s of view.querySelectorAll('g.wb-scope')) {
+        const r = s.querySelector('rect.wb-box');
+        const b = { x: num(r, 'x'), y: num(r, 'y'), w: num(r, 'width'), h: num(r, 'height') };
+        for (const n of nodes) {
+            const member = n.id.startsWith(s.dataset.scope + '/');
+            const inside = b.x <= n.x && n.x + n.w <= b.x + b.w && b.y <= n.y && n.y + n.h <= b.y + b.h;
+            const touches = n.x < b.x + b.w && b.x < n.x + n.w && n.y < b.y + b.h && b.y < n.y + n.h;
+            if (member ? !inside : touches) bad.push(`${s.dataset.scope}: ${n.id}`);
+        }
+    }
+    return { nodes: nodes.length, boxes: view.querySelectorAll('g.wb-scope').length, bad };
+}"""
+
+
+def open_notebook(page, url, token, name):
+    page.goto(f"{url}/lab/workspaces/{name}/tree/{name}.ipynb?reset&token={token}", wait_until="domcontentloaded")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
+                           timeout=60_000)  # fmt: skip
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+def test_graph_views_of_a_cnn_and_a_deep_mlp_fold_search_zoom_and_box_only_members(lab, tmp_path):
+    chromium = ensure_chromium()
+    import nbformat
+    from playwright.sync_api import sync_playwright
+
+    url, token, root = lab
+    nbformat.write(new_notebook(MODELS_NOTEBOOK), root / "models.ipynb")
+    with sync_playwright() as pw:
+        browser = launch(pw, chromium)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1500})
+            open_notebook(page, url, token, "models")
+            page.locator(".wb-graph").nth(1).wait_for(timeout=60_000)
+            wait_for_last_cell(page)
+            cnn, mlp = (page.locator(".wb-view").filter(has=page.locator(".wb-graph")).nth(i) for i in (0, 1))
+            # Folded at first: the conv and dense scopes, gradients and Adam are single nodes.
+            for scope in ("conv1", "conv2", "dense", "gradients", "Adam"):
+                assert cnn.locator(f"g.wb-node[data-kind='scope'][data-id='{scope}']").count() == 1, scope
+            page.screenshot(path=str(tmp_path / "graphs-folded.png"))
+
+            # Search reveals an op inside a folded scope, highlighted; the others stay folded.
+            cnn.locator("input.wb-search").fill("conv2/conv2d")
+            cnn.locator("input.wb-search").press("Enter")
+            cnn.locator("g.wb-node.wb-highlight[data-id='conv2/conv2d']").wait_for(timeout=15_000)
+            assert cnn.locator("g.wb-scope[data-scope='conv2']").count() == 1
+            assert cnn.locator("g.wb-node[data-kind='scope'][data-id='conv1']").count() == 1
+            assert "conv2/conv2d" in cnn.locator(".wb-details").inner_text()
+            cnn.screenshot(path=str(tmp_path / "cnn-search.png"))
+
+            # Unfold everything: every box holds its members and nothing else.
+            cnn.locator("button", has_text="unfold all").click()
+            page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length > 100",
+                                   arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
+            result = cnn.evaluate(BOX_CHECK)
+            assert result["boxes"] >= 5 and result["bad"] == [], result
+            svg = cnn.locator("svg.wb-svg")
+            canvas = cnn.locator(".wb-canvas").bounding_box()
+            assert svg.bounding_box()["width"] <= canvas["width"]  # fitted to the width
+            zoom = float(svg.get_attribute("data-zoom"))
+            cnn.locator("button", has_text="+").click()
+            assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom * 1.25, rel=1e-2)
+            cnn.locator("button", has_text="fit width").click()
+            assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom, rel=1e-2)
+            cnn.screenshot(path=str(tmp_path / "cnn-unfolded.png"))
+            cnn.locator("button[title='fold every name scope']").click()
+            page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length < 15",
+                                   arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
+
+            # The 6-layer MLP: layers folded, then opened one by one inside their own boxes.
+            assert mlp.locator("g.wb-node[data-kind='scope']").count() == 8  # 6 layers, gradients, SGD
+            for i in range(1, 7):
+                mlp.locator(f"g.wb-node[data-id='layer{i}']").click()
+                mlp.locator(f"g.wb-scope[data-scope='layer{i}']").wait_for(timeout=15_000)
+            result = mlp.evaluate(BOX_CHECK)
+            assert result["boxes"] == 6 and result["bad"] == [], result
+            mlp.scroll_into_view_if_needed()
+            mlp.screenshot(path=str(tmp_path / "mlp6-layers-open.png"))
         finally:
             browser.close()

@@ -154,6 +154,40 @@ def test_graph_view_folds_and_unfolds(mlp):
         view.toggle("nope")
 
 
+def scoped_mlp():
+    g = wb.Graph(name="scoped")
+    with g.as_default():
+        h = wb.placeholder("x", shape=(None, 8))
+        for i in (1, 2, 3):
+            with wb.name_scope(f"layer{i}"):
+                h = wb.relu(wb.matmul(h, wb.variable("w", shape=(8, 8))) + wb.variable("b", shape=(8,)))
+        wb.optimizers.SGD(0.1).minimize(wb.mean(h))
+    return g
+
+
+def test_graph_view_folds_big_user_scopes_and_folds_or_unfolds_everything():
+    view = GraphView(scoped_mlp())
+    assert view.collapsed == ["SGD", "gradients", "layer1", "layer2", "layer3"]
+    assert GraphView(scoped_mlp(), fold_over=10).collapsed == ["SGD", "gradients"]
+    assert "layer2/w" in view.names and len(view.names) == len(view.graph.operations)
+    view.unfold_all()
+    assert view.collapsed == [] and len(view.layout["nodes"]) == len(view.graph.operations)
+    view.fold_all()
+    assert {n["id"] for n in view.layout["nodes"]} >= {"layer1", "layer2", "layer3", "gradients", "SGD"}
+    assert not any("/" in n["id"] for n in view.layout["nodes"])
+
+
+def test_graph_view_search_reveals_and_highlights_a_hidden_op():
+    view = GraphView(scoped_mlp())
+    assert view.search("W")[:1] == ["layer1/w"] and view.search("layer2/w") == ["layer2/w"]
+    assert view.search("") == [] and view.search("nothing") == []
+    assert view.reveal("layer2/matmul") == "layer2/matmul"
+    assert "layer2" not in view.collapsed and "layer1" in view.collapsed
+    assert view.highlight == "layer2/matmul" and "layer2/matmul" in {n["id"] for n in view.layout["nodes"]}
+    with pytest.raises(KeyError, match="graph 'scoped' has no operation matching 'conv'"):
+        view.reveal("conv")
+
+
 def test_graph_view_node_states_from_run_events(mlp, clock):
     stream = EventStream()
     view = GraphView(mlp, clock=clock).follow(stream)
