@@ -9,6 +9,7 @@ Playwright; no browser is ever downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -162,13 +163,7 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1900})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{url}/lab/workspaces/quickstart/tree/{name}?reset&token={token}", wait_until="domcontentloaded")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
-                                   timeout=60_000)  # fmt: skip
+            goto_notebook(page, url, token, "quickstart")
             page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
@@ -261,35 +256,59 @@ VIEWS_NOTEBOOK = [
 ]
 
 
-def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
+def goto_notebook(page, url, token, name):
+    """Open ``name``.ipynb in JupyterLab and wait for its kernel."""
+    page.goto(f"{url}/lab/workspaces/{name}/tree/{name}.ipynb?reset&token={token}", wait_until="domcontentloaded")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
+                           timeout=60_000)  # fmt: skip
+
+
+def open_notebook(page, url, token, name):
+    """Open ``name``.ipynb in JupyterLab and run all its cells."""
+    goto_notebook(page, url, token, name)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+@contextlib.contextmanager
+def notebook_page(lab, name: str, cells, width: int = 1300, height: int = 1600):
+    """A page of headless Chromium with a notebook of ``cells`` open in JupyterLab, all cells started."""
     chromium = ensure_chromium()
     import nbformat
     from playwright.sync_api import sync_playwright
 
     url, token, root = lab
-    nbformat.write(new_notebook(VIEWS_NOTEBOOK), root / "views.ipynb")
+    nbformat.write(new_notebook(cells), root / f"{name}.ipynb")
     with sync_playwright() as pw:
         browser = launch(pw, chromium)
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            open_notebook(page, url, token, "views")
-            try:
-                page.locator(".wb-graph g.wb-node[data-state='error']").wait_for(timeout=60_000)
-            finally:
-                page.screenshot(path=str(tmp_path / "views.png"))
-            graph = page.locator(".wb-graph").first
-            assert graph.locator("g.wb-node[data-state='done']").count() == 2  # x and sum ran, log failed
-            scaling = page.locator(".wb-scaling").first
-            assert "done · 3 of 3 worker counts" in scaling.locator(".wb-title").inner_text()
-            assert scaling.locator("circle.wb-point").count() == 6  # 3 throughput + 3 speedup points
-            assert "83%" in scaling.locator("table").inner_text()  # efficiency of 4 workers
-            cluster = page.locator(".wb-cluster").first
-            assert "1 workers · 1 threads · 2.0 GiB" in cluster.locator(".wb-title").inner_text()
-            assert cluster.locator("a").get_attribute("href") == "http://127.0.0.1:8787/status"
-            wait_for_last_cell(page)
-            page.screenshot(path=str(tmp_path / "views.png"))
+            page = browser.new_page(viewport={"width": width, "height": height})
+            open_notebook(page, url, token, name)
+            yield page
         finally:
             browser.close()
+
+
+def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
+    with notebook_page(lab, "views", VIEWS_NOTEBOOK) as page:
+        try:
+            page.locator(".wb-graph g.wb-node[data-state='error']").wait_for(timeout=60_000)
+        finally:
+            page.screenshot(path=str(tmp_path / "views.png"))
+        graph = page.locator(".wb-graph").first
+        assert graph.locator("g.wb-node[data-state='done']").count() == 2  # x and sum ran, log failed
+        scaling = page.locator(".wb-scaling").first
+        assert "done · 3 of 3 worker counts" in scaling.locator(".wb-title").inner_text()
+        assert scaling.locator("circle.wb-point").count() == 6  # 3 throughput + 3 speedup points
+        assert "83%" in scaling.locator("table").inner_text()  # efficiency of 4 workers
+        cluster = page.locator(".wb-cluster").first
+        assert "1 workers · 1 threads · 2.0 GiB" in cluster.locator(".wb-title").inner_text()
+        assert cluster.locator("a").get_attribute("href") == "http://127.0.0.1:8787/status"
+        wait_for_last_cell(page)
+        page.screenshot(path=str(tmp_path / "views.png"))
 
 
 MODELS_NOTEBOOK = [
@@ -337,73 +356,50 @@ BOX_CHECK = """(view) => {
 }"""
 
 
-def open_notebook(page, url, token, name):
-    page.goto(f"{url}/lab/workspaces/{name}/tree/{name}.ipynb?reset&token={token}", wait_until="domcontentloaded")
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
-                           timeout=60_000)  # fmt: skip
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
-
 def test_graph_views_of_a_cnn_and_a_deep_mlp_fold_search_zoom_and_box_only_members(lab, tmp_path):
-    chromium = ensure_chromium()
-    import nbformat
-    from playwright.sync_api import sync_playwright
+    with notebook_page(lab, "models", MODELS_NOTEBOOK, height=1500) as page:
+        page.locator(".wb-graph").nth(1).wait_for(timeout=60_000)
+        wait_for_last_cell(page)
+        cnn, mlp = (page.locator(".wb-view").filter(has=page.locator(".wb-graph")).nth(i) for i in (0, 1))
+        # Folded at first: the conv and dense scopes, gradients and Adam are single nodes.
+        for scope in ("conv1", "conv2", "dense", "gradients", "Adam"):
+            assert cnn.locator(f"g.wb-node[data-kind='scope'][data-id='{scope}']").count() == 1, scope
+        page.screenshot(path=str(tmp_path / "graphs-folded.png"))
 
-    url, token, root = lab
-    nbformat.write(new_notebook(MODELS_NOTEBOOK), root / "models.ipynb")
-    with sync_playwright() as pw:
-        browser = launch(pw, chromium)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1500})
-            open_notebook(page, url, token, "models")
-            page.locator(".wb-graph").nth(1).wait_for(timeout=60_000)
-            wait_for_last_cell(page)
-            cnn, mlp = (page.locator(".wb-view").filter(has=page.locator(".wb-graph")).nth(i) for i in (0, 1))
-            # Folded at first: the conv and dense scopes, gradients and Adam are single nodes.
-            for scope in ("conv1", "conv2", "dense", "gradients", "Adam"):
-                assert cnn.locator(f"g.wb-node[data-kind='scope'][data-id='{scope}']").count() == 1, scope
-            page.screenshot(path=str(tmp_path / "graphs-folded.png"))
+        # Search reveals an op inside a folded scope, highlighted; the others stay folded.
+        cnn.locator("input.wb-search").fill("conv2/conv2d")
+        cnn.locator("input.wb-search").press("Enter")
+        cnn.locator("g.wb-node.wb-highlight[data-id='conv2/conv2d']").wait_for(timeout=15_000)
+        assert cnn.locator("g.wb-scope[data-scope='conv2']").count() == 1
+        assert cnn.locator("g.wb-node[data-kind='scope'][data-id='conv1']").count() == 1
+        assert "conv2/conv2d" in cnn.locator(".wb-details").inner_text()
+        cnn.screenshot(path=str(tmp_path / "cnn-search.png"))
 
-            # Search reveals an op inside a folded scope, highlighted; the others stay folded.
-            cnn.locator("input.wb-search").fill("conv2/conv2d")
-            cnn.locator("input.wb-search").press("Enter")
-            cnn.locator("g.wb-node.wb-highlight[data-id='conv2/conv2d']").wait_for(timeout=15_000)
-            assert cnn.locator("g.wb-scope[data-scope='conv2']").count() == 1
-            assert cnn.locator("g.wb-node[data-kind='scope'][data-id='conv1']").count() == 1
-            assert "conv2/conv2d" in cnn.locator(".wb-details").inner_text()
-            cnn.screenshot(path=str(tmp_path / "cnn-search.png"))
+        # Unfold everything: every box holds its members and nothing else.
+        cnn.locator("button", has_text="unfold all").click()
+        page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length > 100",
+                               arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
+        result = cnn.evaluate(BOX_CHECK)
+        assert result["boxes"] >= 5 and result["bad"] == [], result
+        svg = cnn.locator("svg.wb-svg")
+        canvas = cnn.locator(".wb-canvas").bounding_box()
+        assert svg.bounding_box()["width"] <= canvas["width"]  # fitted to the width
+        zoom = float(svg.get_attribute("data-zoom"))
+        cnn.locator("button", has_text="+").click()
+        assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom * 1.25, rel=1e-2)
+        cnn.locator("button", has_text="fit width").click()
+        assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom, rel=1e-2)
+        cnn.screenshot(path=str(tmp_path / "cnn-unfolded.png"))
+        cnn.locator("button[title='fold every name scope']").click()
+        page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length < 15",
+                               arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
 
-            # Unfold everything: every box holds its members and nothing else.
-            cnn.locator("button", has_text="unfold all").click()
-            page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length > 100",
-                                   arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
-            result = cnn.evaluate(BOX_CHECK)
-            assert result["boxes"] >= 5 and result["bad"] == [], result
-            svg = cnn.locator("svg.wb-svg")
-            canvas = cnn.locator(".wb-canvas").bounding_box()
-            assert svg.bounding_box()["width"] <= canvas["width"]  # fitted to the width
-            zoom = float(svg.get_attribute("data-zoom"))
-            cnn.locator("button", has_text="+").click()
-            assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom * 1.25, rel=1e-2)
-            cnn.locator("button", has_text="fit width").click()
-            assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom, rel=1e-2)
-            cnn.screenshot(path=str(tmp_path / "cnn-unfolded.png"))
-            cnn.locator("button[title='fold every name scope']").click()
-            page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length < 15",
-                                   arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
-
-            # The 6-layer MLP: layers folded, then opened one by one inside their own boxes.
-            assert mlp.locator("g.wb-node[data-kind='scope']").count() == 8  # 6 layers, gradients, SGD
-            for i in range(1, 7):
-                mlp.locator(f"g.wb-node[data-id='layer{i}']").click()
-                mlp.locator(f"g.wb-scope[data-scope='layer{i}']").wait_for(timeout=15_000)
-            result = mlp.evaluate(BOX_CHECK)
-            assert result["boxes"] == 6 and result["bad"] == [], result
-            mlp.scroll_into_view_if_needed()
-            mlp.screenshot(path=str(tmp_path / "mlp6-layers-open.png"))
-        finally:
-            browser.close()
+        # The 6-layer MLP: layers folded, then opened one by one inside their own boxes.
+        assert mlp.locator("g.wb-node[data-kind='scope']").count() == 8  # 6 layers, gradients, SGD
+        for i in range(1, 7):
+            mlp.locator(f"g.wb-node[data-id='layer{i}']").click()
+            mlp.locator(f"g.wb-scope[data-scope='layer{i}']").wait_for(timeout=15_000)
+        result = mlp.evaluate(BOX_CHECK)
+        assert result["boxes"] == 6 and result["bad"] == [], result
+        mlp.scroll_into_view_if_needed()
+        mlp.screenshot(path=str(tmp_path / "mlp6-layers-open.png"))

@@ -9,10 +9,11 @@ import time
 import ipywidgets as widgets
 
 from workbench import datasets
-from workbench.widgets.playground.drawing import boundary_image, loss_svg, png
+from workbench.widgets.playground.drawing import COLUMN_W, boundary_image, loss_svg, network_svg, png
 from workbench.widgets.playground.model import (
     ACTIVATIONS,
     LEARNING_RATES,
+    PROBLEMS,
     REGULARIZATION_RATES,
     REGULARIZATIONS,
     Options,
@@ -21,7 +22,9 @@ from workbench.widgets.playground.model import (
 from workbench.widgets.throttle import Throttle
 
 class Playground(widgets.VBox):
-    """The playground app: controls on the left, the decision boundary and loss curves on the right.
+    """The playground app: controls on the left; the network in the middle, drawn as features ->
+    neurons -> output with a heat map per neuron and an edge per weight, with +/- buttons for
+    layers and neurons; the model's output over the plane and the loss chart on the right.
 
     Parameters
     ----------
@@ -35,12 +38,14 @@ class Playground(widgets.VBox):
     Play trains in a background thread, ``steps_per_chunk`` steps at a time, and
     redraws at most ``max_updates_per_s`` times a second, so the notebook stays
     responsive; Step runs one epoch. Everything the buttons do is also a method
-    (:meth:`play`, :meth:`pause`, :meth:`step`, :meth:`reset`), and
-    :attr:`model` is the :class:`PlaygroundModel` being trained.
+    (:meth:`play`, :meth:`pause`, :meth:`step`, :meth:`reset`, :meth:`regenerate`,
+    :meth:`add_layer`, :meth:`remove_layer`, :meth:`add_neuron`, :meth:`remove_neuron`,
+    :meth:`set`), and :attr:`model` is the :class:`PlaygroundModel` being trained.
     """
 
     steps_per_chunk = 10
     max_updates_per_s = 10.0
+    network_resolution = 20  # grid cells along each side of a neuron's heat map
 
     def __init__(self, size: int = 300, resolution: int = 100, **options):
         super().__init__()
@@ -56,8 +61,13 @@ class Playground(widgets.VBox):
         self.image = widgets.Image(format="png", width=self.size, height=self.size)
         self.curves = widgets.HTML()
         self.status = widgets.HTML()
+        self.network = widgets.HTML()
+        self.network_bar = widgets.VBox()
+        self._drawn_hidden: tuple[int, ...] | None = None
         plots = widgets.VBox([self.image, self.curves])
-        self.children = [self._buttons(), widgets.HBox([self._controls(), plots]), self.status]
+        middle = widgets.VBox([self.network_bar, self.network], layout={"margin": "0 12px"})
+        panels = widgets.HBox([self._controls(), middle, plots], layout={"flex_flow": "row wrap"})
+        self.children = [self._buttons(), panels, self.status]
         self.add_class("wb-playground")
         self.redraw()
 
@@ -97,9 +107,33 @@ class Playground(widgets.VBox):
 
     def set(self, **changes) -> bool:
         """Change options as the controls do; a bad value is shown in the status line, not raised."""
+        return self._change(lambda: self.model.set(**changes))
+
+    def regenerate(self) -> bool:
+        """New data of the same kind, and a new model to train on it (the "regenerate" button)."""
+        return self._change(self.model.regenerate)
+
+    def add_layer(self) -> bool:
+        """One more hidden layer, up to 6 (the + by "hidden layers")."""
+        return self._change(self.model.add_layer)
+
+    def remove_layer(self) -> bool:
+        """Drop the last hidden layer."""
+        return self._change(self.model.remove_layer)
+
+    def add_neuron(self, layer: int) -> bool:
+        """One more neuron in hidden layer ``layer`` (0 is the first), up to 8."""
+        return self._change(lambda: self.model.resize_layer(layer, 1))
+
+    def remove_neuron(self, layer: int) -> bool:
+        """One neuron fewer in hidden layer ``layer`` (at least one stays)."""
+        return self._change(lambda: self.model.resize_layer(layer, -1))
+
+    def _change(self, change) -> bool:
+        """Apply a change of options (True when it restarted training); a refused one is shown."""
         try:
             with self._lock:
-                restarted = self.model.set(**changes)
+                restarted = change()
         except ValueError as e:
             self._message = str(e)
             self.redraw()
@@ -146,8 +180,14 @@ class Playground(widgets.VBox):
                 history = list(self.model.history)
                 record = history[-1] if history else {"step": 0, **self.model.losses()}
                 epoch = self.model.epoch
+                network = network_svg(self.model, self.network_resolution)
+                hidden = self.model.options.hidden
             self.image.value = png(image)
             self.curves.value = loss_svg(history, width=self.size)
+            self.network.value = network
+            if hidden != self._drawn_hidden:
+                self.network_bar.children = self._network_controls(hidden)
+                self._drawn_hidden = hidden
             self.status.value = _status_html(record, epoch, self._message)
             self.draws += 1
 
@@ -159,7 +199,33 @@ class Playground(widgets.VBox):
         step.on_click(lambda _: self.step())
         reset = widgets.Button(description="Reset", icon="undo", tooltip="start again from the initial weights")
         reset.on_click(lambda _: self.reset())
-        return widgets.HBox([self._play_button, step, reset])
+        regenerate = widgets.Button(description="Regenerate", icon="refresh", tooltip="new data of the same kind")
+        regenerate.on_click(lambda _: self.regenerate())
+        return widgets.HBox([self._play_button, step, reset, regenerate])
+
+    def _network_controls(self, hidden: tuple[int, ...]) -> list[widgets.Widget]:
+        """The +/- buttons: for the number of hidden layers, and under it, above each hidden
+        layer's column of the drawing, for its neurons."""
+
+        def pair(tooltip: str, minus, plus, width: str) -> widgets.HBox:
+            buttons = []
+            for text, action in (("-", minus), ("+", plus)):
+                b = widgets.Button(description=text, tooltip=f"{'remove' if text == '-' else 'add'} {tooltip}",
+                                   layout={"width": "30px", "padding": "0"})  # fmt: skip
+                b.on_click(lambda _, action=action: action())
+                b.add_class("wb-playground-" + ("minus" if text == "-" else "plus"))
+                buttons.append(b)
+            return widgets.HBox(buttons, layout={"width": width, "justify_content": "center"})
+
+        layers = pair("a hidden layer", self.remove_layer, self.add_layer, "auto")
+        label = widgets.HTML(f"<b>{len(hidden)} hidden layer{'s' if len(hidden) != 1 else ''}</b>")
+        neurons = [widgets.Box(layout={"width": f"{COLUMN_W + 40}px"})]  # over the features column
+        for k, units in enumerate(hidden):
+            box = pair(f"a neuron of layer {k + 1}", lambda k=k: self.remove_neuron(k),
+                       lambda k=k: self.add_neuron(k), f"{COLUMN_W}px")  # fmt: skip
+            box.add_class("wb-playground-layer-buttons")
+            neurons.append(box)
+        return [widgets.HBox([layers, label]), widgets.HBox(neurons)]
 
     def _controls(self) -> widgets.VBox:
         o = self.model.options
@@ -184,7 +250,8 @@ class Playground(widgets.VBox):
         features = widgets.GridBox(list(self._feature_boxes.values()), layout=grid)
         rows = [
             widgets.HTML("<b>Data</b>"),
-            control("dataset", widgets.Dropdown, "data set", options=datasets.DATASETS),
+            control("problem", widgets.Dropdown, "problem type", options=list(PROBLEMS)),
+            control("dataset", widgets.Dropdown, "data set", options=PROBLEMS[o.problem]),
             control("noise", widgets.FloatSlider, "noise", min=0, max=0.5, step=0.05),
             control("train_fraction", widgets.FloatSlider, "training part", min=0.1, max=0.9, step=0.1),
             self._show_test,
@@ -217,6 +284,8 @@ class Playground(widgets.VBox):
                     widget.options = _choices(rates, value)
                 if isinstance(widget, widgets.IntSlider):
                     widget.max = max(widget.max, value)
+                if option == "dataset":
+                    widget.options = PROBLEMS[o.problem]
                 widget.value = value
             for name, box in self._feature_boxes.items():
                 box.value = name in o.features
@@ -250,8 +319,10 @@ def _choices(values, current) -> list[tuple[str, float]]:
 def _status_html(record: dict[str, float], epoch: float, message: str) -> str:
     text = (
         f"step {record['step']:,} (epoch {epoch:.1f}) &middot; train loss {record['train_loss']:.3f} "
-        f"&middot; test loss {record['test_loss']:.3f} &middot; test accuracy {record['test_accuracy']:.1%}"
+        f"&middot; test loss {record['test_loss']:.3f}"
     )
+    if "test_accuracy" in record:
+        text += f" &middot; test accuracy {record['test_accuracy']:.1%}"
     if message:
         text += f'<br><span style="color:#c00">{html.escape(message)}</span>'
     return f'<div class="wb-playground-status" style="font-family:monospace">{text}</div>'
