@@ -330,7 +330,10 @@ MODELS_NOTEBOOK = [
     "    with name_scope(f'layer{i}'):\n"
     "        h = matmul(h, variable('w', shape=(h.shape[1], units))) + variable('b', shape=(units,))\n"
     "        h = relu(h) if i < 6 else h\n"
-    "loss = mean(softmax_cross_entropy(h, y))\ntrain = SGD(0.1).minimize(loss)",
+    "loss = mean(softmax_cross_entropy(h, y))\nacc = accuracy(h, y)\ntrain = SGD(0.1).minimize(loss)",
+    "import workbench as wb\nfrom sklearn.datasets import load_digits\ndigits = load_digits()\n"
+    "history = wb.Session(mlp6, seed=0).fit(mlp6.train, data={'x': (digits.data / 16).astype('float32'),"
+    " 'y': digits.target}, batch_size=64, steps=150, fetches={'loss': mlp6.loss, 'accuracy': mlp6.acc})",
 ]
 
 # Each scope box (in the drawing's own coordinates) against every node: members inside, others outside.
@@ -396,6 +399,7 @@ def test_graph_views_of_a_cnn_and_a_deep_mlp_fold_search_zoom_and_box_only_membe
 
         # The 6-layer MLP: layers folded, then opened one by one inside their own boxes.
         assert mlp.locator("g.wb-node[data-kind='scope']").count() == 8  # 6 layers, gradients, SGD
+        assert mlp.locator("g.wb-node[data-id='accuracy']").count() == 1
         for i in range(1, 7):
             mlp.locator(f"g.wb-node[data-id='layer{i}']").click()
             mlp.locator(f"g.wb-scope[data-scope='layer{i}']").wait_for(timeout=15_000)
@@ -403,3 +407,63 @@ def test_graph_views_of_a_cnn_and_a_deep_mlp_fold_search_zoom_and_box_only_membe
         assert result["boxes"] == 6 and result["bad"] == [], result
         mlp.scroll_into_view_if_needed()
         mlp.screenshot(path=str(tmp_path / "mlp6-layers-open.png"))
+
+        # Its training: the median samples/s in the headline, a log scale and smoothing of the curves.
+        training = page.locator(".wb-training").first
+        training.locator(".wb-progress[data-status='done']").wait_for(timeout=60_000)
+        assert "samples/s (median)" in training.locator(".wb-progress-text").inner_text()
+        loss = training.locator("svg[data-curve='loss']")
+        assert loss.get_attribute("data-scale") == "linear" and loss.locator("path.wb-smooth").count() == 1
+        smooth = loss.locator("path.wb-smooth").get_attribute("d")
+        training.locator("input.wb-log").check()
+        page.wait_for_function("() => document.querySelector(\".wb-training svg[data-curve='loss']\")"
+                               ".getAttribute('data-scale') === 'log'", timeout=10_000)  # fmt: skip
+        training.locator("input.wb-smoothing").fill("0.95")
+        assert training.locator("svg[data-curve='loss'] path.wb-smooth").get_attribute("d") != smooth
+        assert training.locator("svg[data-curve='accuracy'] path.wb-line").count() == 2  # raw and smoothed
+        training.scroll_into_view_if_needed()
+        training.screenshot(path=str(tmp_path / "mlp6-training.png"))
+
+
+PLAYGROUND_NOTEBOOK = [
+    "from workbench.widgets.playground import Playground\n"
+    "app = Playground(dataset='xor', hidden=(4, 2), learning_rate=0.1, size=260, resolution=60)\napp",
+]
+
+
+def test_playground_draws_the_network_and_updates_it_live(lab, tmp_path):
+    with notebook_page(lab, "playground", PLAYGROUND_NOTEBOOK, width=1400, height=1100) as page:
+        app = page.locator(".wb-playground").first
+        app.locator("svg.wb-playground-network").wait_for(timeout=60_000)
+        wait_for_last_cell(page)
+        network = app.locator("svg.wb-playground-network")
+        assert network.locator("g.wb-feature").count() == 2 and network.locator("g.wb-neuron").count() == 6
+        assert network.locator("path.wb-weight").count() == 2 * 4 + 4 * 2 + 2
+        assert app.locator("svg.wb-playground-loss .wb-legend-item").count() == 2
+        # Every heat map is a decoded image, not a broken one.
+        sizes = network.evaluate("(svg) => [...svg.querySelectorAll('image')].map((i) => i.getBBox().width)")
+        assert sizes and min(sizes) == 40
+        before = network.inner_html()
+        page.screenshot(path=str(tmp_path / "playground-start.png"))
+
+        # Training from the Play button redraws the network (weights and heat maps change).
+        app.locator("button", has_text="Play").click()
+        page.wait_for_function(
+            "() => /step [1-9][0-9,]* /.test(document.querySelector('.wb-playground-status').textContent)",
+            timeout=30_000,
+        )
+        page.wait_for_timeout(1500)
+        app.locator("button", has_text="Pause").click()
+        assert network.inner_html() != before
+
+        # + adds a hidden layer; a layer's - removes a neuron: the drawing follows.
+        app.locator("button.wb-playground-plus").first.click()
+        page.wait_for_function("() => document.querySelectorAll('.wb-playground-network g.wb-neuron').length === 8",
+                               timeout=15_000)  # fmt: skip
+        app.locator(".wb-playground-layer-buttons").first.locator("button.wb-playground-minus").click()
+        page.wait_for_function("() => document.querySelectorAll('.wb-playground-network g.wb-neuron').length === 7",
+                               timeout=15_000)  # fmt: skip
+        assert "3 hidden layers" in app.inner_text()
+        app.locator("button", has_text="Step").click()
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(tmp_path / "playground-trained.png"))
