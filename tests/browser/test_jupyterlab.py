@@ -70,7 +70,8 @@ def fallback_notebook(path: pathlib.Path) -> None:
         "%load_ext workbench",
         '%%flow mlp\nx = placeholder("x", shape=(None, 64))\ny = placeholder("y", shape=(None,), dtype="int64")\n'
         'w = variable("w", shape=(64, 10), init="glorot_uniform")\nb = variable("b", shape=(10,), init="zeros")\n'
-        "loss = mean(softmax_cross_entropy(matmul(x, w) + b, y))\ntrain = optimizers.SGD(0.1).minimize(loss)",
+        "logits = matmul(x, w) + b\nloss = mean(softmax_cross_entropy(logits, y))\nacc = accuracy(logits, y)\n"
+        "train = optimizers.SGD(0.1).minimize(loss)",
         "import numpy as np\nimport workbench as wb\nfrom sklearn.datasets import load_digits\n"
         "digits = load_digits()\nsess = wb.Session(mlp)\n"
         "history = sess.fit(mlp.train, data={'x': (digits.data / 16).astype('float32'), 'y': digits.target},"
@@ -177,7 +178,7 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             # The graph view: every visible node drawn, gradients and the optimizer folded.
             graph = page.locator(".wb-graph").first
             nodes = graph.locator("g.wb-node")
-            assert nodes.count() == 10
+            assert nodes.count() == 14  # the loss and accuracy ops; the gradients and the optimizer folded
             assert graph.locator("g.wb-node[data-kind='scope']").count() == 2
             assert graph.locator("g.wb-node[data-kind='placeholder']").count() == 2
             assert graph.locator("g.wb-node[data-kind='variable']").count() == 2
@@ -188,12 +189,12 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             assert "matmul(x, w)" in graph.locator(".wb-details").inner_text()
             graph.locator("g.wb-node[data-id='gradients']").click()
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 10", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 14", timeout=15_000
             )
             assert graph.locator("g.wb-scope[data-scope='gradients']").count() == 1
             graph.locator("g.wb-scope[data-scope='gradients'] text.wb-box-title").click()  # fold it again for the screenshot
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 10", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 14", timeout=15_000
             )
             wait_for_last_cell(page)
             page.screenshot(path=str(tmp_path / "quickstart.png"))
