@@ -51,7 +51,7 @@ class GraphView(View):
     #: The node the search found (shown highlighted, scrolled into view).
     highlight = traitlets.Unicode("").tag(sync=True)
     #: Scale of the drawing; with ``fit`` the front end sets it so the drawing fits the view's width.
-    zoom = traitlets.Float(1.0, min=0.05, max=4.0).tag(sync=True)
+    zoom = traitlets.Float(1.0, min=0.01, max=4.0).tag(sync=True)
     fit = traitlets.Bool(True).tag(sync=True)
 
     def __init__(self, graph: Graph, collapsed=None, fold_over: int = FOLD_OVER, **kwargs: Any) -> None:

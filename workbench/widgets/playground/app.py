@@ -47,7 +47,7 @@ class Playground(widgets.VBox):
     max_updates_per_s = 10.0
     network_resolution = 20  # grid cells along each side of a neuron's heat map
 
-    def __init__(self, size: int = 300, resolution: int = 100, **options):
+    def __init__(self, size: int = 300, resolution: int = 50, **options):
         super().__init__()
         self.model = PlaygroundModel(**options)
         self.size, self.resolution = int(size), int(resolution)

@@ -23,9 +23,12 @@ WHITE = np.array([255, 255, 255], dtype=float)
 
 
 def signed_colors(values: np.ndarray, strength: float = 1.0) -> np.ndarray:
-    """RGB (float) of values in [-1, 1]: orange below 0, blue above, white at 0."""
-    v = np.clip(values, -1.0, 1.0)[..., None]
-    return WHITE + (np.where(v > 0, POSITIVE, NEGATIVE) - WHITE) * (np.abs(v) * strength)
+    """RGB (float) of values in [-1, 1]: orange below 0, blue above, white at 0 (``strength``: how
+    strong the colour of -1 and 1 is). Looked up in a table of 511 shades, so whole images are quick."""
+    levels = np.linspace(-1.0, 1.0, 511)[:, None]
+    table = WHITE + (np.where(levels > 0, POSITIVE, NEGATIVE) - WHITE) * (np.abs(levels) * strength)
+    index = np.rint((np.clip(np.nan_to_num(values), -1.0, 1.0) + 1.0) * 255.0).astype(np.intp)
+    return table[index]
 
 
 def upsample(grid: np.ndarray, size: int) -> np.ndarray:

@@ -144,7 +144,7 @@ function render({ model, el: root }) {
     if (!svg || !layout.width) return;
     let zoom = model.get("zoom") || 1;
     if (model.get("fit") && canvas.clientWidth > 0) {
-      zoom = Math.min(1, (canvas.clientWidth - 4) / layout.width);
+      zoom = Math.max(0.01, Math.min(1, (canvas.clientWidth - 4) / layout.width));
       if (Math.abs(zoom - (model.get("zoom") || 1)) > 1e-3) { model.set("zoom", zoom); model.save_changes(); }
     }
     svg.setAttribute("width", Math.round(layout.width * zoom));
@@ -153,7 +153,7 @@ function render({ model, el: root }) {
   }
   const zoomBy = (factor) => {
     model.set("fit", false);  // first: a change of zoom while fitting would be fitted back
-    model.set("zoom", Math.max(0.05, Math.min(4, (model.get("zoom") || 1) * factor)));
+    model.set("zoom", Math.max(0.01, Math.min(4, (model.get("zoom") || 1) * factor)));
     model.save_changes();
     applyZoom();
   };
