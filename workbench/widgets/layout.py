@@ -4,6 +4,14 @@ Pure functions of a :class:`~workbench.graph.core.Graph` and the set of collapse
 name scopes, so the layout is tested without a browser. A collapsed scope is one
 node standing for all its operations; the front end only draws what it is given.
 
+Expanded scopes are compound nodes, laid out from the inside out: each scope's
+direct members (ops and inner scopes) are layered and ordered as one small graph
+(networkx's topological generations, then barycenter sweeps), and the resulting
+block is a single node of its parent's layout. A scope's members are therefore
+contiguous and its box holds nothing else, by construction rather than by a
+bounding rectangle; and nothing beyond PyPI is needed (graphviz's ``dot``
+clusters would need a system binary).
+
 >>> import workbench as wb
 >>> g = wb.Graph(name="tiny")
 >>> with g.as_default():
@@ -169,12 +177,6 @@ def _edges(graph: Graph, collapsed: set[str]) -> dict[tuple[str, str], bool]:
             if source != target:
                 edges[(source, target)] = edges.get((source, target), True) and control
     return edges
-
-
-def _container(node_id: str) -> str:
-    """The expanded scope that directly holds a visible node ("" for the top level)."""
-    scopes = scopes_of(node_id)
-    return scopes[-1] if scopes else ""
 
 
 def _blocks(nodes: dict[str, dict], edges) -> dict[str, dict]:
