@@ -33,6 +33,7 @@ NODE_W, NODE_H = 150, 40
 GAP_X, GAP_Y = 24, 36
 MARGIN = 16
 PAD, TITLE = 10, 16  # inside a scope's box: the padding, and the room for its title above its rows
+ROW_ITEMS = 8  # a layer with more items than this wraps onto more rows
 FOLD_OVER = 3  # a user name scope with more operations than this starts folded
 STATE_ORDER = ("error", "running", "waiting", "done")  # a group shows its most urgent member state
 _UPDATES = ("assign", "assign_add", "assign_sub")
@@ -217,7 +218,9 @@ def _item_edges(scope: str, edges) -> list[tuple[str, str]]:
 def _layout_block(scope: str, items: list[str], sizes: dict, edges) -> dict:
     """Rows of items (layered, ordered by barycenters), centred; the block's size and each item's offset."""
     layers = _layers(items, edges)
-    rows = _order(layers, edges)
+    # A wide layer (an optimizer's slots, the gradients of every variable) wraps onto several
+    # rows: its items share no edges, so every edge still points down.
+    rows = [row[i : i + ROW_ITEMS] for row in _order(layers, edges) for i in range(0, len(row), ROW_ITEMS)]
     pad, title = (PAD, TITLE) if scope else (MARGIN, 14)
     widths = [sum(sizes[i][0] for i in row) + GAP_X * max(len(row) - 1, 0) for row in rows]
     inner_w = max(widths, default=0)
