@@ -68,6 +68,27 @@ def test_rerunning_replaces_the_graph(ip):
     assert not ip.shown[0].following and ip.shown[1].following  # the old view stopped listening
 
 
+def test_an_old_session_after_rerunning_the_cell_says_the_graph_was_rebuilt(ip):
+    run(ip, EXAMPLE)
+    sess = wb.Session(ip.user_ns["mlp"])
+    run(ip, EXAMPLE)
+    mlp = ip.user_ns["mlp"]
+    feeds = {"x": np.zeros((4, 64), "float32"), "y": np.zeros(4, "int64")}
+    rebuilt = r"the graph 'mlp' was rebuilt by re-running %%flow mlp; create a new Session"
+    with pytest.raises(wb.GraphError, match=rebuilt):
+        sess.run(mlp.loss, feeds)
+    with pytest.raises(wb.FeedError, match=rebuilt + r" \(feed key 'x' belongs to graph"):
+        sess.run("mean", {mlp.x: feeds["x"], "y": feeds["y"]})
+    assert np.isfinite(wb.Session(mlp).run(mlp.loss, feeds))  # a new session runs the new graph
+
+
+def test_accuracy_and_argmax_are_in_a_flow_cell(ip):
+    cell = EXAMPLE + "\nlogits = matmul(x, w) + b\nacc = accuracy(logits, y)\nguess = argmax(logits, axis=1)\n"
+    assert run(ip, cell) is None
+    mlp = ip.user_ns["mlp"]
+    assert mlp.acc.op.type == "mean" and mlp.guess.dtype == "int64" and mlp.guess.shape == (None,)
+
+
 def test_user_names_are_visible_and_ops_win_over_builtins(ip):
     ip.user_ns["data"] = np.ones((3, 4), "float32")
     assert run(ip, "%%flow other -q\nc = constant(data)\ns = sum(c, axis=1)\nbig = max(s)\n") is None

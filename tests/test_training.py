@@ -133,3 +133,77 @@ def test_fit_accepts_numpy_integers():
         train = wb.optimizers.SGD(0.1).minimize(wb.mean((x * v) ** 2))
     history = wb.Session(g).fit(train, {"x": np.ones(8, np.float32)}, batch_size=np.int64(4), steps=np.int32(3))
     assert len(history) == 3
+
+
+def small_history():
+    hist = History()
+    for step in range(1, 6):
+        record = {"step": step, "time": 0.01, "samples_per_s": 100.0 * step, "loss": np.float32(1.0 / step)}
+        if step % 2 == 0:
+            record["val_loss"] = 2.0 / step  # a metric recorded every other step only
+        hist.append(record)
+    return hist
+
+
+def test_history_as_a_dataframe_indexed_by_step():
+    pd = pytest.importorskip("pandas")
+    frame = small_history().to_pandas()
+    assert isinstance(frame, pd.DataFrame) and frame.index.name == "step"
+    assert list(frame.index) == [1, 2, 3, 4, 5]
+    assert list(frame.columns) == ["time", "samples_per_s", "loss", "val_loss"]
+    np.testing.assert_allclose(frame["loss"], [1.0, 0.5, 1 / 3, 0.25, 0.2], rtol=1e-6)
+    assert frame["val_loss"].isna().tolist() == [True, False, True, False, True]
+    assert frame.loc[4, "val_loss"] == 0.5
+
+
+def test_history_plot_draws_each_metric_against_the_step():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ax = small_history().plot(logy=True)
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert sorted(lines) == ["loss", "val_loss"]  # not time or samples/s
+    assert list(lines["val_loss"].get_xdata()) == [2, 4]
+    assert ax.get_yscale() == "log" and ax.get_xlabel() == "step"
+    assert [line.get_label() for line in small_history().plot("loss").get_lines()] == ["loss"]
+    with pytest.raises(KeyError, match="no field 'acc'"):
+        small_history().plot(["acc"])
+
+
+@pytest.mark.parametrize("module, method", [("pandas", "to_pandas"), ("matplotlib.pyplot", "plot")])
+def test_history_without_pandas_or_matplotlib_says_what_to_install(monkeypatch, module, method):
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    with pytest.raises(ImportError, match=rf"History.{method}\(\) needs {module.split('.')[0]}: pip install"):
+        getattr(small_history(), method)()
+
+
+def test_accuracy_helper_matches_numpy_on_a_trained_model(digits):
+    X_train, X_test, Y_train, Y_test = digits
+    g = wb.Graph(name="softmax")
+    with g.as_default():
+        w, b = wb.variable("w", shape=(64, 10)), wb.variable("b", shape=(10,), init="zeros")
+        x, y = wb.placeholder("x", shape=(None, 64)), wb.placeholder("y", shape=(None,), dtype="int64")
+        logits = x @ w + b
+        acc = wb.metrics.accuracy(logits, y)
+        loss = wb.mean(wb.softmax_cross_entropy(logits, y))
+        train = wb.optimizers.Adam(0.01).minimize(loss)
+    assert acc.name == "accuracy" and acc.dtype == "float32" and acc.shape == ()
+    sess = wb.Session(g, seed=0)
+    hist = sess.fit(train, {x: X_train, y: Y_train}, batch_size=64, steps=100, fetches=[loss, acc])
+    assert hist["accuracy"][-10:].mean() > hist["accuracy"][:5].mean()
+    got = float(sess.run(acc, {x: X_test, y: Y_test}))
+    assert got == pytest.approx(accuracy(sess, logits, x, X_test, Y_test), abs=1e-6) and got > 0.9
+
+
+def test_accuracy_helper_refuses_float_labels_and_unbatched_logits():
+    g = wb.Graph()
+    with g.as_default():
+        logits = wb.placeholder("logits", shape=(None, 3))
+        with pytest.raises(wb.DTypeError, match="accuracy needs integer class labels, got float32"):
+            wb.accuracy(logits, wb.placeholder("p", shape=(None,)))
+        with pytest.raises(wb.ShapeError, match=r"accuracy needs logits of shape \(batch, classes\), got \(3,\)"):
+            wb.accuracy(wb.constant([1.0, 2.0, 3.0]), wb.constant([0]))
+        assert wb.accuracy(logits, wb.placeholder("y32", shape=(None,), dtype="int32")).shape == ()

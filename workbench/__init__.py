@@ -9,7 +9,7 @@
 [1.0]
 """
 
-from workbench import cluster, optimizers
+from workbench import cluster, metrics, optimizers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -39,13 +39,14 @@ from workbench.graph import (
     reset_default_graph,
 )
 from workbench.graph.precision import mixed_precision
+from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench.cluster import scaling_study
 from workbench.session import Session
 from workbench.training import History
 
 from workbench.ops import (  # noqa: E402, F401 - the public op functions
-    abs, add, all, assign, assign_add, assign_sub, cast, concat, constant, conv2d, divide, dropout,
+    abs, add, all, argmax, assign, assign_add, assign_sub, cast, concat, constant, conv2d, divide, dropout,
     equal, exp, expand_dims, gather, greater, greater_equal, identity, isfinite, less, less_equal, log,
     log_softmax, matmul, max, max_pool2d, maximum, mean, minimum, multiply, negative, not_equal,
     one_hot, ones_like, placeholder, pow, relu, reshape, sigmoid, sign, softmax,
@@ -56,8 +57,9 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
 __version__ = "0.1.0"
 
 __all__ = [
-    "ArgumentError", "ClusterError", "DTypeError", "DeviceError", "ExecutionError", "EventStream", "FeedError", "FileError", "FormatError",
-    "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation", "PathError", "Session",
+    "ArgumentError", "ClusterError", "DTypeError", "DeviceError", "ExecutionError", "EventStream", "FeedError",
+    "FileError", "FormatError", "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation",
+    "PathError", "Session", "accuracy", "metrics",
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
     "mixed_precision", "name_scope", "optimizers", "reset_default_graph", "scaling_study", "cluster", *_PUBLIC_OPS,
 ]  # fmt: skip

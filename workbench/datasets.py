@@ -19,6 +19,9 @@ import numpy as np
 
 DATASETS = ("circle", "xor", "gaussian", "spiral")
 
+#: Regression sets: a value in [-1, 1] at each point instead of a class.
+REGRESSION_DATASETS = ("plane", "multi_gaussian")
+
 #: The extent of the data: points (before noise) and the decision-boundary grid lie within it.
 DOMAIN = (-6.0, 6.0)
 
@@ -72,6 +75,33 @@ def make_2d(name: str, samples: int = 500, noise: float = 0.0, seed: int = 0) ->
     x, y = _GENERATORS[name](rng, samples, float(noise))
     order = rng.permutation(samples)
     return x[order].astype("float32"), y[order].astype("int64")
+
+
+def make_regression_2d(name: str, samples: int = 500, noise: float = 0.0, seed: int = 0):
+    """``samples`` uniform points of the domain and a value in [-1, 1] at each, as TensorFlow Playground's
+    regression sets: ``"plane"`` (the value grows along x1 + x2) or ``"multi_gaussian"`` (six bumps,
+    alternately positive and negative). ``noise`` moves the points (the value stays that of the clean point).
+
+    Returns
+    -------
+    x : float32 array of shape (samples, 2)
+    y : float32 array of shape (samples,), in [-1, 1]
+    """
+    if name not in REGRESSION_DATASETS:
+        raise ValueError(f"unknown regression data set {name!r}; use one of {', '.join(REGRESSION_DATASETS)}")
+    if not 0.0 <= noise <= 1.0:
+        raise ValueError(f"noise must be between 0 and 1, got {noise}")
+    rng = np.random.default_rng([seed, len(DATASETS) + REGRESSION_DATASETS.index(name)])
+    x = rng.uniform(-RADIUS, RADIUS, (samples, 2))
+    if name == "plane":
+        y = (x[:, 0] + x[:, 1]) / (2 * RADIUS)
+    else:
+        centers = np.array([[-4, 2.5], [0, 2.5], [4, 2.5], [-4, -2.5], [0, -2.5], [4, -2.5]])
+        signs = np.array([1, -1, 1, -1, 1, -1])
+        bumps = np.exp(-((x[:, None, :] - centers) ** 2).sum(axis=2) / (2 * 1.2**2))
+        y = (bumps * signs).sum(axis=1)
+    x = x + rng.uniform(-RADIUS, RADIUS, x.shape) * noise
+    return x.astype("float32"), np.clip(y, -1.0, 1.0).astype("float32")
 
 
 def split(x: np.ndarray, y: np.ndarray, train_fraction: float = 0.5) -> Split:

@@ -34,7 +34,8 @@ def flow_namespace() -> dict[str, Any]:
     """What a ``%%flow`` cell sees besides the user's names: ops, optimizers, initializers, errors."""
     names = {name: getattr(workbench, name) for name in PUBLIC}
     names.update(
-        wb=workbench, optimizers=workbench.optimizers, name_scope=workbench.name_scope, group=workbench.group,
+        wb=workbench, optimizers=workbench.optimizers, metrics=workbench.metrics, accuracy=workbench.accuracy,
+        name_scope=workbench.name_scope, group=workbench.group,
         gradients=workbench.gradients, initializers=INITIALIZERS,
         SGD=workbench.optimizers.SGD, Momentum=workbench.optimizers.Momentum, Adam=workbench.optimizers.Adam,
     )  # fmt: skip
@@ -81,6 +82,9 @@ class FlowMagics(Magics):
         skipped = _bind(graph, namespace, before)
         if skipped:
             print(f"%%flow {args.name}: not set as graph attributes (names the Graph uses): {', '.join(skipped)}")
+        previous = self.shell.user_ns.get(args.name)
+        if isinstance(previous, Graph) and previous is not graph:
+            previous.replaced(f"re-running %%flow {args.name}")
         old = self.views.pop(args.name, None)
         if old is not None:
             old.stop()

@@ -212,7 +212,7 @@ class Session:
     def _fetch_name(self, fetch) -> str:
         if isinstance(fetch, (Tensor, Operation)):
             if fetch.graph is not self.graph:
-                raise GraphError(f"{fetch.name!r} belongs to graph {fetch.graph.name!r}, not this session's {self.graph.name!r}")
+                raise GraphError(self.graph.foreign(repr(fetch.name), fetch.graph))
             return fetch.name
         if isinstance(fetch, str):
             found = self.graph.get(fetch)
@@ -222,7 +222,7 @@ class Session:
     def _placeholder(self, key) -> Tensor:
         if isinstance(key, Tensor):
             if key.graph is not self.graph:
-                raise FeedError(f"feed key {key.name!r} belongs to graph {key.graph.name!r}, not {self.graph.name!r}")
+                raise FeedError(self.graph.foreign(f"feed key {key.name!r}", key.graph))
             tensor = key
         elif isinstance(key, str):
             try:

@@ -67,6 +67,15 @@ def check_data(data: dict) -> int:
     return next(iter(lengths.values()))
 
 
+_NOT_METRICS = {"step", "time", "samples_per_s", "replicas", "workers", "dropped",
+                "compute_seconds", "reduce_seconds", "update_seconds", "bytes_moved"}
+
+
+def _scalar(value):
+    """A NumPy scalar or 0-d array as a Python number; other values unchanged."""
+    return value.item() if isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0 else value
+
+
 class History:
     """What a training run did: one record (a dict) per step.
 
@@ -88,6 +97,62 @@ class History:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    @property
+    def fields(self) -> list[str]:
+        """Every field some record holds, in the order they first appear."""
+        seen: dict[str, None] = {}
+        for record in self.records:
+            seen.update(dict.fromkeys(record))
+        return list(seen)
+
+    def to_pandas(self):
+        """The records as a :class:`pandas.DataFrame` indexed by step (pandas must be installed).
+
+        A field missing from some records (a metric fetched every k steps) is NaN there.
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("History.to_pandas() needs pandas: pip install pandas") from None
+        columns = [f for f in self.fields if f != "step"]
+        steps = [r.get("step", i + 1) for i, r in enumerate(self.records)]
+        rows = [{f: _scalar(r.get(f, np.nan)) for f in columns} for r in self.records]
+        return pd.DataFrame(rows, index=pd.Index(steps, name="step"), columns=columns)
+
+    def plot(self, fields=None, ax=None, logy: bool = False):
+        """Plot fields against the step with matplotlib (installed separately); returns the axes.
+
+        Parameters
+        ----------
+        fields : str or list of str, optional
+            What to plot; by default every fetched metric (not time or samples/s).
+        ax : matplotlib Axes, optional
+            Where to draw; a new figure's axes by default.
+        logy : bool
+            A logarithmic y axis (useful for losses).
+        """
+        try:
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise ImportError("History.plot() needs matplotlib: pip install matplotlib") from None
+        if isinstance(fields, str):
+            fields = [fields]
+        fields = [f for f in self.fields if f not in _NOT_METRICS] if fields is None else list(fields)
+        for f in fields:
+            if f not in self.fields:
+                raise KeyError(f"no field {f!r}; fields are {sorted(self.fields)}")
+        if ax is None:
+            _, ax = plt.subplots(figsize=(6, 3.5))
+        for f in fields:
+            points = [(r["step"], r[f]) for r in self.records if f in r and np.ndim(r[f]) == 0]
+            ax.plot([p[0] for p in points], [float(p[1]) for p in points], label=f)
+        ax.set_xlabel("step")
+        if logy:
+            ax.set_yscale("log")
+        if fields:
+            ax.legend()
+        return ax
 
     def __repr__(self) -> str:
         if not self.records:

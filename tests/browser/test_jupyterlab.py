@@ -9,6 +9,7 @@ Playwright; no browser is ever downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -69,7 +70,8 @@ def fallback_notebook(path: pathlib.Path) -> None:
         "%load_ext workbench",
         '%%flow mlp\nx = placeholder("x", shape=(None, 64))\ny = placeholder("y", shape=(None,), dtype="int64")\n'
         'w = variable("w", shape=(64, 10), init="glorot_uniform")\nb = variable("b", shape=(10,), init="zeros")\n'
-        "loss = mean(softmax_cross_entropy(matmul(x, w) + b, y))\ntrain = optimizers.SGD(0.1).minimize(loss)",
+        "logits = matmul(x, w) + b\nloss = mean(softmax_cross_entropy(logits, y))\nacc = accuracy(logits, y)\n"
+        "train = optimizers.SGD(0.1).minimize(loss)",
         "import numpy as np\nimport workbench as wb\nfrom sklearn.datasets import load_digits\n"
         "digits = load_digits()\nsess = wb.Session(mlp)\n"
         "history = sess.fit(mlp.train, data={'x': (digits.data / 16).astype('float32'), 'y': digits.target},"
@@ -162,13 +164,7 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1900})
             errors: list[str] = []
             page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{url}/lab/workspaces/quickstart/tree/{name}?reset&token={token}", wait_until="domcontentloaded")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
-                                   timeout=60_000)  # fmt: skip
+            goto_notebook(page, url, token, "quickstart")
             page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")
             page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
 
@@ -182,7 +178,7 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             # The graph view: every visible node drawn, gradients and the optimizer folded.
             graph = page.locator(".wb-graph").first
             nodes = graph.locator("g.wb-node")
-            assert nodes.count() == 10
+            assert nodes.count() == 14  # the loss and accuracy ops; the gradients and the optimizer folded
             assert graph.locator("g.wb-node[data-kind='scope']").count() == 2
             assert graph.locator("g.wb-node[data-kind='placeholder']").count() == 2
             assert graph.locator("g.wb-node[data-kind='variable']").count() == 2
@@ -193,12 +189,12 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             assert "matmul(x, w)" in graph.locator(".wb-details").inner_text()
             graph.locator("g.wb-node[data-id='gradients']").click()
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 10", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 14", timeout=15_000
             )
             assert graph.locator("g.wb-scope[data-scope='gradients']").count() == 1
             graph.locator("g.wb-scope[data-scope='gradients'] text.wb-box-title").click()  # fold it again for the screenshot
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 10", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 14", timeout=15_000
             )
             wait_for_last_cell(page)
             page.screenshot(path=str(tmp_path / "quickstart.png"))
@@ -261,39 +257,214 @@ VIEWS_NOTEBOOK = [
 ]
 
 
-def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
+def goto_notebook(page, url, token, name):
+    """Open ``name``.ipynb in JupyterLab and wait for its kernel."""
+    page.goto(f"{url}/lab/workspaces/{name}/tree/{name}.ipynb?reset&token={token}", wait_until="domcontentloaded")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+                           " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
+                           timeout=60_000)  # fmt: skip
+
+
+def open_notebook(page, url, token, name):
+    """Open ``name``.ipynb in JupyterLab and run all its cells."""
+    goto_notebook(page, url, token, name)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
+@contextlib.contextmanager
+def notebook_page(lab, name: str, cells, width: int = 1300, height: int = 1600):
+    """A page of headless Chromium with a notebook of ``cells`` open in JupyterLab, all cells started."""
     chromium = ensure_chromium()
     import nbformat
     from playwright.sync_api import sync_playwright
 
     url, token, root = lab
-    nbformat.write(new_notebook(VIEWS_NOTEBOOK), root / "views.ipynb")
+    nbformat.write(new_notebook(cells), root / f"{name}.ipynb")
     with sync_playwright() as pw:
         browser = launch(pw, chromium)
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            page.goto(f"{url}/lab/workspaces/views/tree/views.ipynb?reset&token={token}", wait_until="domcontentloaded")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                                   " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.connectionStatus === 'connected'",
-                                   timeout=60_000)  # fmt: skip
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            try:
-                page.locator(".wb-graph g.wb-node[data-state='error']").wait_for(timeout=60_000)
-            finally:
-                page.screenshot(path=str(tmp_path / "views.png"))
-            graph = page.locator(".wb-graph").first
-            assert graph.locator("g.wb-node[data-state='done']").count() == 2  # x and sum ran, log failed
-            scaling = page.locator(".wb-scaling").first
-            assert "done · 3 of 3 worker counts" in scaling.locator(".wb-title").inner_text()
-            assert scaling.locator("circle.wb-point").count() == 6  # 3 throughput + 3 speedup points
-            assert "83%" in scaling.locator("table").inner_text()  # efficiency of 4 workers
-            cluster = page.locator(".wb-cluster").first
-            assert "1 workers · 1 threads · 2.0 GiB" in cluster.locator(".wb-title").inner_text()
-            assert cluster.locator("a").get_attribute("href") == "http://127.0.0.1:8787/status"
-            wait_for_last_cell(page)
-            page.screenshot(path=str(tmp_path / "views.png"))
+            page = browser.new_page(viewport={"width": width, "height": height})
+            open_notebook(page, url, token, name)
+            yield page
         finally:
             browser.close()
+
+
+def test_scaling_cluster_views_and_live_graph_states(lab, tmp_path):
+    with notebook_page(lab, "views", VIEWS_NOTEBOOK) as page:
+        try:
+            page.locator(".wb-graph g.wb-node[data-state='error']").wait_for(timeout=60_000)
+        finally:
+            page.screenshot(path=str(tmp_path / "views.png"))
+        graph = page.locator(".wb-graph").first
+        assert graph.locator("g.wb-node[data-state='done']").count() == 2  # x and sum ran, log failed
+        scaling = page.locator(".wb-scaling").first
+        assert "done · 3 of 3 worker counts" in scaling.locator(".wb-title").inner_text()
+        assert scaling.locator("circle.wb-point").count() == 6  # 3 throughput + 3 speedup points
+        assert "83%" in scaling.locator("table").inner_text()  # efficiency of 4 workers
+        cluster = page.locator(".wb-cluster").first
+        assert "1 workers · 1 threads · 2.0 GiB" in cluster.locator(".wb-title").inner_text()
+        assert cluster.locator("a").get_attribute("href") == "http://127.0.0.1:8787/status"
+        wait_for_last_cell(page)
+        page.screenshot(path=str(tmp_path / "views.png"))
+
+
+MODELS_NOTEBOOK = [
+    "%load_ext workbench",
+    "%%flow cnn\n"
+    "x = placeholder('x', shape=(None, 64))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "h = reshape(x, (-1, 1, 8, 8))\n"
+    "for i, (cin, cout) in enumerate([(1, 8), (8, 16)], start=1):\n"
+    "    with name_scope(f'conv{i}'):\n"
+    "        k = variable('k', shape=(cout, cin, 3, 3), init='he_normal')\n"
+    "        c = variable('c', shape=(cout, 1, 1), init='zeros')\n"
+    "        h = max_pool2d(relu(conv2d(h, k, padding='same') + c), 2)\n"
+    "with name_scope('dense'):\n"
+    "    logits = reshape(h, (-1, 64)) @ variable('w', shape=(64, 10)) + variable('b', shape=(10,), init='zeros')\n"
+    "loss = mean(softmax_cross_entropy(logits, y))\ntrain = Adam(0.01).minimize(loss)",
+    "%%flow mlp6\n"
+    "h = placeholder('x', shape=(None, 64))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "for i, units in enumerate([64, 48, 32, 32, 16, 10], start=1):\n"
+    "    with name_scope(f'layer{i}'):\n"
+    "        h = matmul(h, variable('w', shape=(h.shape[1], units))) + variable('b', shape=(units,))\n"
+    "        h = relu(h) if i < 6 else h\n"
+    "loss = mean(softmax_cross_entropy(h, y))\nacc = accuracy(h, y)\ntrain = SGD(0.1).minimize(loss)",
+    "import workbench as wb\nfrom sklearn.datasets import load_digits\ndigits = load_digits()\n"
+    "history = wb.Session(mlp6, seed=0).fit(mlp6.train, data={'x': (digits.data / 16).astype('float32'),"
+    " 'y': digits.target}, batch_size=64, steps=150, fetches={'loss': mlp6.loss, 'accuracy': mlp6.acc})",
+]
+
+# Each scope box (in the drawing's own coordinates) against every node: members inside, others outside.
+BOX_CHECK = """(view) => {
+    const num = (e, a) => Number(e.getAttribute(a));
+    const nodes = [...view.querySelectorAll('g.wb-node')].map((g) => {
+        const [x, y] = g.getAttribute('transform').match(/-?[0-9.]+/g).map(Number);
+        const r = g.querySelector('.wb-shape');
+        return { id: g.dataset.id, x, y, w: num(r, 'width'), h: num(r, 'height') };
+    });
+    const bad = [];
+    for (const s of view.querySelectorAll('g.wb-scope')) {
+        const r = s.querySelector('rect.wb-box');
+        const b = { x: num(r, 'x'), y: num(r, 'y'), w: num(r, 'width'), h: num(r, 'height') };
+        for (const n of nodes) {
+            const member = n.id.startsWith(s.dataset.scope + '/');
+            const inside = b.x <= n.x && n.x + n.w <= b.x + b.w && b.y <= n.y && n.y + n.h <= b.y + b.h;
+            const touches = n.x < b.x + b.w && b.x < n.x + n.w && n.y < b.y + b.h && b.y < n.y + n.h;
+            if (member ? !inside : touches) bad.push(`${s.dataset.scope}: ${n.id}`);
+        }
+    }
+    return { nodes: nodes.length, boxes: view.querySelectorAll('g.wb-scope').length, bad };
+}"""
+
+
+def test_graph_views_of_a_cnn_and_a_deep_mlp_fold_search_zoom_and_box_only_members(lab, tmp_path):
+    with notebook_page(lab, "models", MODELS_NOTEBOOK, height=1500) as page:
+        page.locator(".wb-graph").nth(1).wait_for(timeout=60_000)
+        wait_for_last_cell(page)
+        cnn, mlp = (page.locator(".wb-view").filter(has=page.locator(".wb-graph")).nth(i) for i in (0, 1))
+        # Folded at first: the conv and dense scopes, gradients and Adam are single nodes.
+        for scope in ("conv1", "conv2", "dense", "gradients", "Adam"):
+            assert cnn.locator(f"g.wb-node[data-kind='scope'][data-id='{scope}']").count() == 1, scope
+        page.screenshot(path=str(tmp_path / "graphs-folded.png"))
+
+        # Search reveals an op inside a folded scope, highlighted; the others stay folded.
+        cnn.locator("input.wb-search").fill("conv2/conv2d")
+        cnn.locator("input.wb-search").press("Enter")
+        cnn.locator("g.wb-node.wb-highlight[data-id='conv2/conv2d']").wait_for(timeout=15_000)
+        assert cnn.locator("g.wb-scope[data-scope='conv2']").count() == 1
+        assert cnn.locator("g.wb-node[data-kind='scope'][data-id='conv1']").count() == 1
+        assert "conv2/conv2d" in cnn.locator(".wb-details").inner_text()
+        cnn.screenshot(path=str(tmp_path / "cnn-search.png"))
+
+        # Unfold everything: every box holds its members and nothing else.
+        cnn.locator("button", has_text="unfold all").click()
+        page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length > 100",
+                               arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
+        result = cnn.evaluate(BOX_CHECK)
+        assert result["boxes"] >= 5 and result["bad"] == [], result
+        svg = cnn.locator("svg.wb-svg")
+        canvas = cnn.locator(".wb-canvas").bounding_box()
+        assert svg.bounding_box()["width"] <= canvas["width"]  # fitted to the width
+        zoom = float(svg.get_attribute("data-zoom"))
+        cnn.locator("button", has_text="+").click()
+        assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom * 1.25, rel=1e-2)
+        cnn.locator("button", has_text="fit width").click()
+        assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom, rel=1e-2)
+        cnn.screenshot(path=str(tmp_path / "cnn-unfolded.png"))
+        cnn.locator("button[title='fold every name scope']").click()
+        page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length < 15",
+                               arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
+
+        # The 6-layer MLP: layers folded, then opened one by one inside their own boxes.
+        assert mlp.locator("g.wb-node[data-kind='scope']").count() == 8  # 6 layers, gradients, SGD
+        assert mlp.locator("g.wb-node[data-id='accuracy']").count() == 1
+        for i in range(1, 7):
+            mlp.locator(f"g.wb-node[data-id='layer{i}']").click()
+            mlp.locator(f"g.wb-scope[data-scope='layer{i}']").wait_for(timeout=15_000)
+        result = mlp.evaluate(BOX_CHECK)
+        assert result["boxes"] == 6 and result["bad"] == [], result
+        mlp.scroll_into_view_if_needed()
+        mlp.screenshot(path=str(tmp_path / "mlp6-layers-open.png"))
+
+        # Its training: the median samples/s in the headline, a log scale and smoothing of the curves.
+        training = page.locator(".wb-training").first
+        training.locator(".wb-progress[data-status='done']").wait_for(timeout=60_000)
+        assert "samples/s (median)" in training.locator(".wb-progress-text").inner_text()
+        loss = training.locator("svg[data-curve='loss']")
+        assert loss.get_attribute("data-scale") == "linear" and loss.locator("path.wb-smooth").count() == 1
+        smooth = loss.locator("path.wb-smooth").get_attribute("d")
+        training.locator("input.wb-log").check()
+        page.wait_for_function("() => document.querySelector(\".wb-training svg[data-curve='loss']\")"
+                               ".getAttribute('data-scale') === 'log'", timeout=10_000)  # fmt: skip
+        training.locator("input.wb-smoothing").fill("0.95")
+        assert training.locator("svg[data-curve='loss'] path.wb-smooth").get_attribute("d") != smooth
+        assert training.locator("svg[data-curve='accuracy'] path.wb-line").count() == 2  # raw and smoothed
+        training.scroll_into_view_if_needed()
+        training.screenshot(path=str(tmp_path / "mlp6-training.png"))
+
+
+PLAYGROUND_NOTEBOOK = [
+    "from workbench.widgets.playground import Playground\n"
+    "app = Playground(dataset='xor', hidden=(4, 2), learning_rate=0.1, size=260, resolution=60)\napp",
+]
+
+
+def test_playground_draws_the_network_and_updates_it_live(lab, tmp_path):
+    with notebook_page(lab, "playground", PLAYGROUND_NOTEBOOK, width=1400, height=1100) as page:
+        app = page.locator(".wb-playground").first
+        app.locator("svg.wb-playground-network").wait_for(timeout=60_000)
+        wait_for_last_cell(page)
+        network = app.locator("svg.wb-playground-network")
+        assert network.locator("g.wb-feature").count() == 2 and network.locator("g.wb-neuron").count() == 6
+        assert network.locator("path.wb-weight").count() == 2 * 4 + 4 * 2 + 2
+        assert app.locator("svg.wb-playground-loss .wb-legend-item").count() == 2
+        # Every heat map is a decoded image, not a broken one.
+        sizes = network.evaluate("(svg) => [...svg.querySelectorAll('image')].map((i) => i.getBBox().width)")
+        assert sizes and min(sizes) == 40
+        before = network.inner_html()
+        page.screenshot(path=str(tmp_path / "playground-start.png"))
+
+        # Training from the Play button redraws the network (weights and heat maps change).
+        app.locator("button", has_text="Play").click()
+        page.wait_for_function(
+            "() => /step [1-9][0-9,]* /.test(document.querySelector('.wb-playground-status').textContent)",
+            timeout=30_000,
+        )
+        page.wait_for_timeout(1500)
+        app.locator("button", has_text="Pause").click()
+        assert network.inner_html() != before
+
+        # + adds a hidden layer; a layer's - removes a neuron: the drawing follows.
+        app.locator("button.wb-playground-plus").first.click()
+        page.wait_for_function("() => document.querySelectorAll('.wb-playground-network g.wb-neuron').length === 8",
+                               timeout=15_000)  # fmt: skip
+        app.locator(".wb-playground-layer-buttons").first.locator("button.wb-playground-minus").click()
+        page.wait_for_function("() => document.querySelectorAll('.wb-playground-network g.wb-neuron').length === 7",
+                               timeout=15_000)  # fmt: skip
+        assert "3 hidden layers" in app.inner_text()
+        app.locator("button", has_text="Step").click()
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(tmp_path / "playground-trained.png"))

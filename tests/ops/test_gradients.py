@@ -329,6 +329,36 @@ def test_every_differentiable_op_has_a_gradient_check():
     assert sorted(set(GRADIENT_CASES) - differentiable) == []
 
 
+NON_DIFFERENTIABLE_FLOAT_OPS = {
+    "argmax": lambda x: wb.argmax(x, axis=1),
+    "less": lambda x: wb.less(x, 0.0), "less_equal": lambda x: wb.less_equal(x, 0.0),
+    "greater": lambda x: wb.greater(x, 0.0), "greater_equal": lambda x: wb.greater_equal(x, 0.0),
+    "equal": lambda x: wb.equal(x, 0.0), "not_equal": lambda x: wb.not_equal(x, 0.0),
+    "isfinite": wb.isfinite,
+}  # fmt: skip
+
+
+def test_every_op_taking_floats_without_a_gradient_rule_has_a_check():
+    float_nondiff = {"argmax", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "isfinite"}
+    declared = {name for name, opdef in REGISTRY.items() if not opdef.differentiable}
+    assert float_nondiff <= declared
+    assert float_nondiff <= set(NON_DIFFERENTIABLE_FLOAT_OPS)
+
+
+@pytest.mark.parametrize("name", sorted(NON_DIFFERENTIABLE_FLOAT_OPS))
+def test_a_non_differentiable_op_cuts_the_gradient_path(name):
+    """Only the direct path x -> sum(x) carries a gradient; the path through the op adds nothing."""
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(3, 4), dtype="float64")
+        through = NON_DIFFERENTIABLE_FLOAT_OPS[name](x)
+        assert through.op.type == name
+        y = wb.sum(x) + wb.sum(wb.cast(through, "float64"))
+        (dx,) = wb.gradients(y, [x])
+    value = wb.Session(g).run(dx, {x: np.random.default_rng(0).standard_normal((3, 4))})
+    np.testing.assert_array_equal(value, np.ones((3, 4)))
+
+
 @pytest.mark.parametrize("name, i, case", CASES, ids=[_id(n, i) for n, i, _ in CASES])
 def test_gradient_matches_finite_differences(name, i, case):
     graph = check_gradients(case, zero=name in ZERO_BY_DEFINITION)

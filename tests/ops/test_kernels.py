@@ -262,6 +262,10 @@ KERNEL_CASES: dict[str, list[KCase]] = {
     "all": [K([np.isfinite(np.array([[1.0, np.inf, 2.0], [0.0, 1.0, 3.0]]))], lambda x, a=a, k=k: np.all(x, axis=a, keepdims=k),
               axis=a, keepdims=k) for a, k in [(None, False), (1, False), (0, True), ((0, 1), False)]] +
            [K([np.ones((2, 3), dtype=bool)], lambda x: np.all(x), axis=None, keepdims=False)],
+    "argmax": [K([normal(2, 3, 4)], lambda x, a=a, k=k: np.argmax(x, axis=a, keepdims=k), axis=a, keepdims=k)
+               for a, k in [(-1, False), (0, True), (1, False), (None, False), (None, True)]] +
+              [K([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]])], lambda x: np.array([1, 0]), axis=1, keepdims=False),
+               K([ints(4, 9, 9, 2, dtype=np.int32)], lambda x: np.int64(1), axis=0, keepdims=False)],
     "max": reduce_cases(np.max, normal(2, 3, 4)) + [K([ints(4, 9, 2)], lambda x: np.int64(9), axis=0, keepdims=False)],
     "unreduce": [K([normal(2, 4), normal(2, 3, 4)], lambda g, x: np.broadcast_to(g[:, None, :], x.shape),
                    axis=1, keepdims=False, mean=False),

@@ -1,5 +1,6 @@
 """The playground: its data sets and features, the model it trains, and the widget app."""
 
+import re
 import time
 
 import numpy as np
@@ -358,3 +359,147 @@ def _controls(app, attr):
 
     walk(app)
     return found
+
+
+# -- regression, the network drawing, layers and neurons ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", datasets.REGRESSION_DATASETS)
+def test_regression_data_sets_are_values_in_minus_one_to_one_and_seeded(name):
+    x, y = datasets.make_regression_2d(name, samples=300, seed=2)
+    assert x.shape == (300, 2) and y.shape == (300,) and y.dtype == np.float32
+    assert -1 <= y.min() < -0.3 and 0.3 < y.max() <= 1
+    np.testing.assert_array_equal(x, datasets.make_regression_2d(name, samples=300, seed=2)[0])
+    assert not np.array_equal(x, datasets.make_regression_2d(name, samples=300, seed=3)[0])
+    with pytest.raises(ValueError, match="unknown regression data set 'circle'; use one of plane, multi_gaussian"):
+        datasets.make_regression_2d("circle")
+
+
+def test_the_plane_follows_x1_plus_x2():
+    x, y = datasets.make_regression_2d("plane", samples=200)
+    np.testing.assert_allclose(y, np.clip((x[:, 0] + x[:, 1]) / 10, -1, 1), atol=1e-6)
+
+
+@pytest.mark.parametrize("dataset, hidden, loss", [("plane", (), 0.002), ("multi_gaussian", (8, 8), 0.03)])
+def test_regression_trains_to_a_low_squared_error(dataset, hidden, loss):
+    model = PlaygroundModel(problem="regression", dataset=dataset, hidden=hidden, learning_rate=0.03)
+    assert model.graph.get("y").dtype == "float32"
+    first = model.step(0)
+    last = model.step(1500 if hidden else 300)
+    assert set(last) == {"step", "train_loss", "test_loss"}
+    assert last["test_loss"] < min(loss, first["test_loss"])
+    grid = model.predict_grid(10)
+    assert grid[0, -1] > grid[-1, 0] if dataset == "plane" else np.ptp(grid) > 0.5
+
+
+def test_choosing_a_problem_type_picks_its_first_data_set():
+    model = PlaygroundModel(problem="regression")
+    assert model.options.dataset == "plane" and model.accuracy is None
+    assert model.set(problem="classification") is True and model.options.dataset == "circle"
+    with pytest.raises(ValueError, match="unknown data set 'circle' for regression; use one of plane, multi_gaussian"):
+        model.set(problem="regression", dataset="circle")
+    with pytest.raises(ValueError, match="unknown problem type 'ranking'"):
+        model.set(problem="ranking")
+
+
+def test_layers_and_neurons_have_the_playgrounds_limits():
+    model = PlaygroundModel(hidden=(8,) * 6)
+    with pytest.raises(ValueError, match=r"at most 6 hidden layers of at most 8 neurons, got \[8, 8, 8, 8, 8, 8, 8\]"):
+        model.add_layer()
+    with pytest.raises(ValueError, match="at most 6 hidden layers of at most 8 neurons"):
+        model.resize_layer(0, 1)
+    model.set(hidden=(1,))
+    with pytest.raises(ValueError, match="at least one unit"):
+        model.resize_layer(0, -1)
+    model.remove_layer()
+    with pytest.raises(ValueError, match="there is no hidden layer to remove"):
+        model.remove_layer()
+    assert model.add_layer() and model.options.hidden == (2,)
+
+
+def test_neuron_grids_are_what_each_neuron_computes_over_the_plane():
+    from workbench.widgets.playground.model import grid_points
+
+    model = PlaygroundModel(dataset="xor", hidden=(3, 2), activation="tanh")
+    model.step(50)
+    grids = model.neuron_grids(resolution=6)
+    assert [g.shape for g in grids["features"]] == [(6, 6), (6, 6)]
+    assert [g.shape for g in grids["layers"]] == [(3, 6, 6), (2, 6, 6)] and grids["output"].shape == (6, 6)
+    v = model.session.variables
+    first = np.tanh(grid_points(6) @ v["layer1/w"] + v["layer1/b"])  # by hand, from the weights
+    np.testing.assert_allclose(grids["layers"][0], np.moveaxis(first.reshape(6, 6, 3), -1, 0), atol=1e-5)
+    np.testing.assert_allclose(grids["output"], 2 * model.predict_grid(6) - 1, atol=1e-6)
+    np.testing.assert_allclose(grids["features"][0][0], grid_points(6)[:6, 0])  # x1 along the top row
+
+
+def test_network_svg_draws_every_neuron_and_every_weight_by_sign_and_size():
+    from workbench.widgets.playground.drawing import network_svg
+
+    model = PlaygroundModel(dataset="xor", hidden=(4, 3), features=("x1", "x2", "x1*x2"))
+    model.step(20)
+    svg = network_svg(model, resolution=8)
+    assert svg.count('class="wb-feature"') == 3 and svg.count('class="wb-neuron"') == 7
+    assert svg.count('class="wb-output"') == 1 and svg.count("data:image/png;base64,") == 11
+    weights = model.weight_values()
+    assert [w.shape for w in weights] == [(3, 4), (4, 3), (3, 1)]
+    edges = re.findall(r'data-layer="(\d)" data-from="(\d)" data-to="(\d)" data-sign="(.)" .*? stroke="(#\w+)" '
+                       r'stroke-width="([\d.]+)"', svg)  # fmt: skip
+    assert len(edges) == 12 + 12 + 3
+    for layer, i, j, sign, color, width in edges:
+        value = weights[int(layer)][int(i), int(j)]
+        assert sign == ("+" if value > 0 else "-") and color == ("#0877bd" if value > 0 else "#f59322")
+    widths = {(int(k), int(i), int(j)): float(w) for k, i, j, _, _, w in edges}
+    strongest = max(widths, key=lambda e: abs(weights[e[0]][e[1], e[2]]))
+    assert widths[strongest] == max(widths.values()) == pytest.approx(6.0, abs=0.01)
+
+
+def test_boundary_is_smooth_not_blocky():
+    from workbench.widgets.playground.drawing import upsample
+
+    model = PlaygroundModel(dataset="circle", hidden=(4,))
+    model.step(100)
+    model.data = model.data._replace(x_train=model.data.x_train[:0], y_train=model.data.y_train[:0])  # no points
+    image = boundary_image(model, size=120, resolution=12).astype(int)
+    changes = (np.abs(np.diff(image, axis=1)).sum(axis=2) > 0).sum(axis=1)
+    assert np.median(changes) > 3 * 11  # colours change within cells, not only at the 11 cell borders
+    assert np.abs(np.diff(image, axis=1)).max() < 30  # and by small steps
+    ramp = upsample(np.array([[0.0, 1.0], [0.0, 1.0]]), 8)
+    assert (np.diff(ramp[0]) >= 0).all() and len(np.unique(ramp[0])) == 6 and ramp[0, 0] == 0 and ramp[0, -1] == 1
+    np.testing.assert_array_equal(ramp[0], ramp[-1])
+
+
+def test_loss_chart_has_axes_and_a_legend():
+    history = [{"step": s, "train_loss": 1.0 / s, "test_loss": 1.2 / s} for s in range(1, 50)]
+    svg = loss_svg(history)
+    assert svg.count('class="wb-axis"') == 2 and svg.count('class="wb-legend-item"') == 2
+    assert ">train loss<" in svg and ">test loss<" in svg and ">step 49<" in svg and ">1.2<" in svg
+
+
+def test_playground_plus_minus_buttons_regenerate_and_regression_from_code_and_clicks():
+    app = Playground(size=60, resolution=10, hidden=(4, 2))
+    layer_row, neuron_row = app.network_bar.children
+    plus_layer = [b for b in layer_row.children[0].children if b.description == "+"][0]
+    plus_layer.click()
+    assert app.model.options.hidden == (4, 2, 2)
+    assert app.network.value.count('class="wb-neuron"') == 8
+    _, neuron_row = app.network_bar.children  # rebuilt for three layers
+    assert len(neuron_row.children) == 1 + 3
+    minus_first = [b for b in neuron_row.children[1].children if b.description == "-"][0]
+    minus_first.click()
+    assert app.model.options.hidden == (3, 2, 2)
+    for _ in range(4):
+        app.add_layer()
+    assert app.model.options.hidden == (3, 2, 2, 2, 2, 2) and "at most 6 hidden layers" in app.status.value
+    app.remove_layer()
+    assert app.model.options.hidden == (3, 2, 2, 2, 2) and "color:#c00" not in app.status.value
+    points = app.model.data.x_train.copy()
+    buttons = {b.description: b for b in app.children[0].children}
+    buttons["Regenerate"].click()
+    assert app.model.options.seed == 1 and not np.array_equal(points, app.model.data.x_train)
+    app.set(problem="regression")
+    controls = _controls(app, "description")
+    assert controls["data set"].options == ("plane", "multi_gaussian") and controls["data set"].value == "plane"
+    controls["data set"].value = "multi_gaussian"
+    record = app.step(10)
+    assert app.model.options.dataset == "multi_gaussian" and "accuracy" not in app.status.value
+    assert f"step {record['step']} " in app.status.value and app.network.value.count('class="wb-output"') == 1

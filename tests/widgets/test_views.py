@@ -67,6 +67,7 @@ def test_training_model_progress_eta_and_curves(clock):
     assert snap["elapsed"] == pytest.approx(2.5)
     assert snap["eta"] == pytest.approx(7.5)  # 75 steps at 0.1 s each
     assert snap["samples_per_s"] == 2500.0
+    assert snap["median_samples_per_s"] == 1300.0  # of 100, 200, ..., 2500
     assert sorted(snap["curves"]) == ["acc", "loss"]
     assert snap["throughput"][-1] == [25, 2500.0]
     assert snap["workers"] == {}
@@ -151,6 +152,40 @@ def test_graph_view_folds_and_unfolds(mlp):
     assert len(view.layout["nodes"]) == 21
     with pytest.raises(KeyError, match="no name scope 'nope'"):
         view.toggle("nope")
+
+
+def scoped_mlp():
+    g = wb.Graph(name="scoped")
+    with g.as_default():
+        h = wb.placeholder("x", shape=(None, 8))
+        for i in (1, 2, 3):
+            with wb.name_scope(f"layer{i}"):
+                h = wb.relu(wb.matmul(h, wb.variable("w", shape=(8, 8))) + wb.variable("b", shape=(8,)))
+        wb.optimizers.SGD(0.1).minimize(wb.mean(h))
+    return g
+
+
+def test_graph_view_folds_big_user_scopes_and_folds_or_unfolds_everything():
+    view = GraphView(scoped_mlp())
+    assert view.collapsed == ["SGD", "gradients", "layer1", "layer2", "layer3"]
+    assert GraphView(scoped_mlp(), fold_over=10).collapsed == ["SGD", "gradients"]
+    assert "layer2/w" in view.names and len(view.names) == len(view.graph.operations)
+    view.unfold_all()
+    assert view.collapsed == [] and len(view.layout["nodes"]) == len(view.graph.operations)
+    view.fold_all()
+    assert {n["id"] for n in view.layout["nodes"]} >= {"layer1", "layer2", "layer3", "gradients", "SGD"}
+    assert not any("/" in n["id"] for n in view.layout["nodes"])
+
+
+def test_graph_view_search_reveals_and_highlights_a_hidden_op():
+    view = GraphView(scoped_mlp())
+    assert view.search("W")[:1] == ["layer1/w"] and view.search("layer2/w") == ["layer2/w"]
+    assert view.search("") == [] and view.search("nothing") == []
+    assert view.reveal("layer2/matmul") == "layer2/matmul"
+    assert "layer2" not in view.collapsed and "layer1" in view.collapsed
+    assert view.highlight == "layer2/matmul" and "layer2/matmul" in {n["id"] for n in view.layout["nodes"]}
+    with pytest.raises(KeyError, match="graph 'scoped' has no operation matching 'conv'"):
+        view.reveal("conv")
 
 
 def test_graph_view_node_states_from_run_events(mlp, clock):

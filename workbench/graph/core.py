@@ -185,6 +185,23 @@ class Graph:
         # (and "loss_scale": the variable of a dynamic loss scale): how an optimizer built its update,
         # which distributed training splits the graph by
         self.training: dict[str, dict] = {}
+        self.replaced_by: str | None = None  # how a newer graph took this one's place (see replaced())
+
+    def replaced(self, how: str) -> None:
+        """Record that a new graph took this one's place (``how``: e.g. ``"re-running %%flow mlp"``),
+        so a session still running this graph, given the new graph's tensors, says so."""
+        self.replaced_by = how
+
+    def foreign(self, item: str, other: Graph) -> str:
+        """Why ``item`` (e.g. ``"'loss'"``) of graph ``other`` cannot be used with this graph's session."""
+        message = f"{item} belongs to graph {other.name!r}, not this session's {self.name!r}"
+        stale = self if self.replaced_by else other if other.replaced_by else None
+        if stale is not None:
+            message = (
+                f"the graph {stale.name!r} was rebuilt by {stale.replaced_by}; create a new Session "
+                f"({message}: a tensor of the {'new' if stale is self else 'old'} graph)"
+            )
+        return message
 
     # -- context --------------------------------------------------------------------
     @contextlib.contextmanager

@@ -18,6 +18,7 @@ from workbench.ops.math import (
     abs,
     add,
     all,
+    argmax,
     broadcast_like,
     cast,
     divide,
@@ -69,7 +70,7 @@ from workbench.ops.state import assign, assign_add, assign_sub, constant, placeh
 
 #: The op functions users call (``wb.matmul`` ...), by name.
 PUBLIC = (
-    "abs", "add", "all", "assign", "assign_add", "assign_sub", "cast", "concat", "constant", "conv2d",
+    "abs", "add", "all", "argmax", "assign", "assign_add", "assign_sub", "cast", "concat", "constant", "conv2d",
     "divide", "dropout", "equal", "exp", "expand_dims", "gather", "greater", "greater_equal",
     "identity", "isfinite", "less", "less_equal", "log", "log_softmax", "matmul", "max", "max_pool2d",
     "maximum", "mean", "minimum", "multiply", "negative", "not_equal", "one_hot", "ones_like",

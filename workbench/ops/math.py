@@ -458,6 +458,37 @@ defop("max", infer=_reduce_spec,
       grad=_max_grad)  # fmt: skip
 
 
+def argmax(x, axis=-1, keepdims=False, name=None):
+    """Index of the largest value along ``axis`` (an int, or ``None`` for the flattened tensor), as
+    int64; the first one on ties. Not differentiable: ``gradients()`` gives ``None`` through it.
+
+    >>> import workbench as wb
+    >>> g = wb.Graph()
+    >>> with g.as_default():
+    ...     i = wb.argmax(wb.constant([[1.0, 3.0, 2.0], [5.0, 4.0, 5.0]]), axis=1)
+    >>> wb.Session(g).run(i).tolist()
+    [1, 0]
+    """
+    if axis is not None and not isinstance(axis, int):
+        raise ShapeError(f"argmax takes one axis (an int) or None, got {axis!r}")
+    return apply("argmax", x, axis=axis, keepdims=bool(keepdims), name=name)
+
+
+def _argmax_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    if x.dtype == "bool":
+        raise DTypeError("argmax needs a number tensor, got bool; cast it first")
+    if axis is None and keepdims:
+        return TensorSpec(tuple(1 for _ in x.shape), "int64")
+    return TensorSpec(rules.reduced_shape(x.shape, axis, keepdims), "int64")
+
+
+def _argmax_kernel(xp, x, *, axis, keepdims):
+    return xp.astype(xp.argmax(x, axis=axis, keepdims=keepdims), xp.int64)
+
+
+defop("argmax", infer=_argmax_spec, kernel=_argmax_kernel, nondiff="integer output (an index)")
+
+
 def all(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
     """Whether every element of the bool tensor ``x`` is true, over ``axis``."""
     return apply("all", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)

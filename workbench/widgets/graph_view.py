@@ -8,7 +8,14 @@ import traitlets
 
 from workbench.graph.core import Graph
 from workbench.widgets._base import View, front_end
-from workbench.widgets.layout import all_scopes, default_collapsed, graph_layout, group_states
+from workbench.widgets.layout import (
+    FOLD_OVER,
+    all_scopes,
+    default_collapsed,
+    graph_layout,
+    group_states,
+    scopes_of,
+)
 
 
 class GraphView(View):
@@ -16,10 +23,14 @@ class GraphView(View):
 
     Placeholders, variables and constants have their own shapes and colors; each
     node shows its op type and output shape, and a click shows its dtype, inputs
-    and the line that defined it. Name scopes are boxes whose title folds them
-    into one node (click the node to unfold); the gradient subgraph and the
-    optimizer updates start folded. While a session runs the graph, nodes are
-    colored by state: waiting, running, done or error.
+    and the line that defined it. Name scopes are laid out as compound nodes:
+    boxes that hold only their members, whose title folds them into one node
+    (click the node to unfold). The gradient subgraph, the optimizer updates and
+    user scopes of more than ``fold_over`` operations start folded; the toolbar
+    folds or unfolds everything, zooms, fits the drawing to the width, and
+    searches: a match inside folded scopes is revealed and highlighted. While a
+    session runs the graph, nodes are colored by state: waiting, running, done
+    or error.
 
     >>> import workbench as wb
     >>> g = wb.Graph(name="g")
@@ -35,13 +46,21 @@ class GraphView(View):
     layout = traitlets.Dict().tag(sync=True)
     collapsed = traitlets.List(traitlets.Unicode()).tag(sync=True)
     states = traitlets.Dict().tag(sync=True)
+    #: Every operation's name, for the search box (it finds ops inside folded scopes too).
+    names = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    #: The node the search found (shown highlighted, scrolled into view).
+    highlight = traitlets.Unicode("").tag(sync=True)
+    #: Scale of the drawing; with ``fit`` the front end sets it so the drawing fits the view's width.
+    zoom = traitlets.Float(1.0, min=0.01, max=4.0).tag(sync=True)
+    fit = traitlets.Bool(True).tag(sync=True)
 
-    def __init__(self, graph: Graph, collapsed=None, **kwargs: Any) -> None:
+    def __init__(self, graph: Graph, collapsed=None, fold_over: int = FOLD_OVER, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.graph = graph
         self.op_states: dict[str, str] = {}
         self._runs: dict[Any, list[str]] = {}  # session -> ops of its run in progress
-        self.collapsed = sorted(default_collapsed(graph) if collapsed is None else collapsed)
+        self.names = [op.name for op in graph.operations]
+        self.collapsed = sorted(default_collapsed(graph, fold_over) if collapsed is None else collapsed)
         self._relayout()
 
     @traitlets.observe("collapsed")
@@ -59,6 +78,31 @@ class GraphView(View):
             raise KeyError(f"graph {self.graph.name!r} has no name scope {scope!r}")
         folded = set(self.collapsed) ^ {scope}
         self.collapsed = sorted(folded)
+
+    def fold_all(self) -> None:
+        """Fold every name scope (unfolding one then shows its own scopes folded)."""
+        self.collapsed = all_scopes(self.graph)
+
+    def unfold_all(self) -> None:
+        """Open every name scope, the gradient subgraph included."""
+        self.collapsed = []
+
+    def search(self, text: str) -> list[str]:
+        """Names of the operations that contain ``text`` (case-insensitive), an exact match first."""
+        needle = text.strip().lower()
+        found = [n for n in self.names if needle and needle in n.lower()]
+        return sorted(found, key=lambda n: (n.lower() != needle, n.rsplit("/", 1)[-1].lower() != needle))
+
+    def reveal(self, text: str) -> str:
+        """Unfold the scopes around the first operation :meth:`search` finds, highlight it and return
+        its name; KeyError when nothing matches."""
+        found = self.search(text)
+        if not found:
+            raise KeyError(f"graph {self.graph.name!r} has no operation matching {text!r}")
+        name = found[0]
+        self.collapsed = sorted(set(self.collapsed) - set(scopes_of(name)))
+        self.highlight = name
+        return name
 
     def handle(self, event: dict) -> bool:
         kind, session = event.get("kind"), event.get("session")

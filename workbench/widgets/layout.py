@@ -4,6 +4,14 @@ Pure functions of a :class:`~workbench.graph.core.Graph` and the set of collapse
 name scopes, so the layout is tested without a browser. A collapsed scope is one
 node standing for all its operations; the front end only draws what it is given.
 
+Expanded scopes are compound nodes, laid out from the inside out: each scope's
+direct members (ops and inner scopes) are layered and ordered as one small graph
+(networkx's topological generations, then barycenter sweeps), and the resulting
+block is a single node of its parent's layout. A scope's members are therefore
+contiguous and its box holds nothing else, by construction rather than by a
+bounding rectangle; and nothing beyond PyPI is needed (graphviz's ``dot``
+clusters would need a system binary).
+
 >>> import workbench as wb
 >>> g = wb.Graph(name="tiny")
 >>> with g.as_default():
@@ -22,8 +30,11 @@ from workbench.graph.core import Graph, Operation
 from workbench.ops import rules
 
 NODE_W, NODE_H = 150, 40
-GAP_X, GAP_Y = 24, 44
+GAP_X, GAP_Y = 24, 36
 MARGIN = 16
+PAD, TITLE = 10, 16  # inside a scope's box: the padding, and the room for its title above its rows
+ROW_ITEMS = 8  # a layer with more items than this wraps onto more rows
+FOLD_OVER = 3  # a user name scope with more operations than this starts folded
 STATE_ORDER = ("error", "running", "waiting", "done")  # a group shows its most urgent member state
 _UPDATES = ("assign", "assign_add", "assign_sub")
 
@@ -43,14 +54,19 @@ def all_scopes(graph: Graph) -> list[str]:
     return sorted(seen, key=lambda s: (s.count("/"), s))
 
 
-def default_collapsed(graph: Graph) -> list[str]:
-    """Scopes folded at first: the gradient subgraph and the optimizers' update scopes."""
-    folded = []
+def default_collapsed(graph: Graph, fold_over: int = FOLD_OVER) -> list[str]:
+    """Scopes folded at first: the gradient subgraph, the optimizers' update scopes, and every
+    user name scope (nested ones too) with more than ``fold_over`` operations."""
+    system: set[str] = set()
+    sizes: dict[str, int] = {}
     for op in graph.operations:
-        top = scopes_of(op.name)[:1]
-        if top and (top[0] == "gradients" or top[0].startswith("gradients_") or op.type in _UPDATES):
-            folded.append(top[0])
-    return sorted(set(folded))
+        scopes = scopes_of(op.name)
+        if scopes and (scopes[0] == "gradients" or scopes[0].startswith("gradients_") or op.type in _UPDATES):
+            system.add(scopes[0])
+        for scope in scopes:
+            sizes[scope] = sizes.get(scope, 0) + 1
+    user = [s for s, n in sizes.items() if n > fold_over and s.split("/")[0] not in system]
+    return sorted(system | set(user))
 
 
 def kind_of(op: Operation) -> str:
@@ -92,7 +108,12 @@ def visible_node(name: str, collapsed: set[str]) -> str:
 
 
 def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
-    """Nodes with coordinates, edges, boxes around expanded scopes, and the drawing's size."""
+    """Nodes with coordinates, edges, boxes around expanded scopes, and the drawing's size.
+
+    Expanded scopes are laid out as compound nodes: each is a block, laid out on
+    its own, that its parent lays out as one node. A scope's members are therefore
+    contiguous and its box holds only them.
+    """
     collapsed = set(collapsed)
     nodes: dict[str, dict] = {}
     for op in graph.operations:
@@ -104,16 +125,18 @@ def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
         if vid != op.name:
             nodes[vid]["members"] += 1
     edges = _edges(graph, collapsed)
-    layers = _layers(list(nodes), edges, nodes)
-    order = _order(layers, edges)
-    width = _place(order, nodes)
-    boxes = _boxes(nodes, collapsed, all_scopes(graph))
-    height = max((n["y"] + NODE_H for n in nodes.values()), default=0) + MARGIN
+    blocks = _blocks(nodes, edges)
+    width, height = blocks[""]["w"], blocks[""]["h"]
+    _position("", blocks, nodes, 0, 0)
+    boxes = [
+        {"scope": scope, "x": b["x"], "y": b["y"], "w": b["w"], "h": b["h"], "depth": scope.count("/")}
+        for scope, b in blocks.items() if scope
+    ]  # fmt: skip
     return {
         "name": graph.name,
         "nodes": list(nodes.values()),
         "edges": [{"source": s, "target": t, "control": c} for (s, t), c in edges.items()],
-        "boxes": boxes,
+        "boxes": sorted(boxes, key=lambda b: (b["depth"], b["scope"])),
         "collapsed": sorted(collapsed),
         "width": width,
         "height": height,
@@ -157,7 +180,74 @@ def _edges(graph: Graph, collapsed: set[str]) -> dict[tuple[str, str], bool]:
     return edges
 
 
-def _layers(ids: list[str], edges, nodes) -> dict[str, int]:
+def _blocks(nodes: dict[str, dict], edges) -> dict[str, dict]:
+    """Every expanded scope (and the top level, ``""``) as a block: its items, sizes and
+    positions relative to the block, innermost scopes laid out first."""
+    items: dict[str, dict[str, None]] = {"": {}}  # ordered sets: creation order
+    for node_id in nodes:
+        chain = ["", *scopes_of(node_id)]  # the expanded scopes holding it, outermost first
+        for parent, child in zip(chain, [*chain[1:], node_id]):
+            items.setdefault(parent, {})[child] = None
+    blocks: dict[str, dict] = {}
+    for scope in sorted(items, key=lambda s: -1 if s == "" else s.count("/"), reverse=True):
+        members = list(items[scope])
+        sizes = {i: (blocks[i]["w"], blocks[i]["h"]) if i in blocks else (NODE_W, NODE_H) for i in members}
+        blocks[scope] = _layout_block(scope, members, sizes, _item_edges(scope, edges))
+    return blocks
+
+
+def _item_of(scope: str, node_id: str) -> str | None:
+    """Which item of ``scope``'s block holds ``node_id`` (None when it lies outside the scope)."""
+    if scope and not node_id.startswith(scope + "/"):
+        return None
+    depth = scope.count("/") + 1 if scope else 0
+    chain = [*scopes_of(node_id), node_id]
+    return chain[depth] if depth < len(chain) else None
+
+
+def _item_edges(scope: str, edges) -> list[tuple[str, str]]:
+    """Edges between different items of ``scope``'s block (a scope stands for all it holds)."""
+    out: dict[tuple[str, str], None] = {}
+    for s, t in edges:
+        a, b = _item_of(scope, s), _item_of(scope, t)
+        if a is not None and b is not None and a != b:
+            out[(a, b)] = None
+    return list(out)
+
+
+def _layout_block(scope: str, items: list[str], sizes: dict, edges) -> dict:
+    """Rows of items (layered, ordered by barycenters), centred; the block's size and each item's offset."""
+    layers = _layers(items, edges)
+    # A wide layer (an optimizer's slots, the gradients of every variable) wraps onto several
+    # rows: its items share no edges, so every edge still points down.
+    rows = [row[i : i + ROW_ITEMS] for row in _order(layers, edges) for i in range(0, len(row), ROW_ITEMS)]
+    pad, title = (PAD, TITLE) if scope else (MARGIN, 14)
+    widths = [sum(sizes[i][0] for i in row) + GAP_X * max(len(row) - 1, 0) for row in rows]
+    inner_w = max(widths, default=0)
+    offsets, y = {}, title + pad
+    for row, row_w in zip(rows, widths):
+        x = pad + (inner_w - row_w) / 2
+        row_h = max(sizes[i][1] for i in row)
+        for i in row:
+            offsets[i] = (round(x), round(y + (row_h - sizes[i][1]) / 2))
+            x += sizes[i][0] + GAP_X
+        y += row_h + GAP_Y
+    height = y - (GAP_Y if rows else 0) + pad
+    return {"items": items, "offsets": offsets, "w": round(inner_w + 2 * pad), "h": round(height)}
+
+
+def _position(scope: str, blocks: dict, nodes: dict, x0: float, y0: float) -> None:
+    """Absolute coordinates of ``scope``'s block (its box) and, recursively, of everything in it."""
+    block = blocks[scope]
+    block["x"], block["y"] = x0, y0
+    for item, (dx, dy) in block["offsets"].items():
+        if item in blocks and item not in nodes:
+            _position(item, blocks, nodes, x0 + dx, y0 + dy)
+        else:
+            nodes[item].update(x=x0 + dx, y=y0 + dy, w=NODE_W, h=NODE_H)
+
+
+def _layers(ids: list[str], edges) -> dict[str, int]:
     """Longest-path layers; inputs (no incoming edges) sit just above their first consumer."""
     import networkx as nx
 
@@ -190,10 +280,11 @@ def _break_cycles(dag, ids):
 
 
 def _order(layers: dict[str, int], edges) -> list[list[str]]:
-    """Nodes of each layer, ordered by the barycenter of their neighbours (a few sweeps)."""
+    """Items of each layer, ordered by the barycenter of their neighbours (a few sweeps)."""
     rows: list[list[str]] = [[] for _ in range(max(layers.values(), default=-1) + 1)]
     for n in layers:  # creation order is a good start
         rows[layers[n]].append(n)
+    rows = [r for r in rows if r]
     preds: dict[str, list[str]] = {n: [] for n in layers}
     succs: dict[str, list[str]] = {n: [] for n in layers}
     for s, t in edges:
@@ -215,36 +306,3 @@ def _by_barycenter(row: list[str], neighbours, ref: dict[str, int]) -> list[str]
         return (sum(pos) / len(pos) if pos else k * len(ref) / max(len(row), 1), k)
 
     return [n for _, n in sorted(enumerate(row), key=key)]
-
-
-def _place(rows: list[list[str]], nodes: dict[str, dict]) -> int:
-    """Set x, y of every node (rows centered); returns the drawing's width."""
-    widest = max((len(r) for r in rows), default=0)
-    width = 2 * MARGIN + widest * NODE_W + max(widest - 1, 0) * GAP_X
-    for i, row in enumerate(rows):
-        row_w = len(row) * NODE_W + max(len(row) - 1, 0) * GAP_X
-        x0 = (width - row_w) / 2
-        for k, n in enumerate(row):
-            nodes[n]["x"] = round(x0 + k * (NODE_W + GAP_X))
-            nodes[n]["y"] = MARGIN + 14 + i * (NODE_H + GAP_Y)
-            nodes[n]["w"], nodes[n]["h"] = NODE_W, NODE_H
-    return width
-
-
-def _boxes(nodes: dict[str, dict], collapsed: set[str], scopes: list[str]) -> list[dict]:
-    """One box per expanded scope, around the nodes inside it (clicking its title folds it)."""
-    boxes = []
-    for scope in scopes:
-        if scope in collapsed or any(s in collapsed for s in scopes_of(scope + "/x")[:-1]):
-            continue
-        inside = [n for n in nodes.values() if n["id"].startswith(scope + "/")]
-        if not inside:
-            continue
-        depth = scope.count("/")
-        pad = 8 - 2 * min(depth, 3)
-        x0 = min(n["x"] for n in inside) - pad
-        y0 = min(n["y"] for n in inside) - pad - 14
-        x1 = max(n["x"] + n["w"] for n in inside) + pad
-        y1 = max(n["y"] + n["h"] for n in inside) + pad
-        boxes.append({"scope": scope, "x": x0, "y": y0, "w": x1 - x0, "h": y1 - y0, "depth": depth})
-    return boxes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 import traitlets
@@ -135,9 +136,11 @@ class TrainingModel:
     def snapshot(self) -> dict[str, Any]:
         """Everything the front end draws, as JSON-able data."""
         curves = {k: s.view() for k, s in self.series.items() if k != "samples/s"}
+        rates = [p[1] for p in self.series["samples/s"].view()] if "samples/s" in self.series else []
         return {
             "status": self.status, "steps": self.steps, "step": self.step, "batch_size": self.batch_size,
             "elapsed": self.elapsed, "eta": self.eta, "samples_per_s": self.samples_per_s,
+            "median_samples_per_s": statistics.median(rates) if rates else 0.0,
             "curves": curves, "throughput": self.series["samples/s"].view() if "samples/s" in self.series else [],
             "workers": self.utilization(), "replicas": self.replicas, "dropped": self.dropped, "restarts": self.restarts, "start": self.start,
             "error": self.error,
@@ -167,6 +170,10 @@ class TrainingView(View):
     _esm = front_end("training_view.js")
     state = traitlets.Dict().tag(sync=True)
     title = traitlets.Unicode("training").tag(sync=True)
+    #: Metric curves on a logarithmic y axis (a checkbox in the view).
+    log_scale = traitlets.Bool(False).tag(sync=True)
+    #: Exponential moving average of the curves, 0 (raw) to 0.99 (a slider); the raw curve stays faint behind.
+    smoothing = traitlets.Float(0.6, min=0.0, max=0.99).tag(sync=True)
 
     def __init__(self, title: str = "training", max_points: int = 400, **kwargs: Any) -> None:
         super().__init__(title=title, **kwargs)

@@ -1,5 +1,6 @@
 // GraphView front end: draws the layout computed in Python (workbench/widgets/layout.py) as SVG.
-// Synced state: layout (nodes with x/y, edges, scope boxes), collapsed (scopes), states (node -> state).
+// Synced state: layout (nodes with x/y, edges, scope boxes), collapsed (scopes), states (node -> state),
+// names (every op, for search), highlight (the op the search found), zoom and fit (to the view's width).
 const SVG = "http://www.w3.org/2000/svg";
 const KIND_FILL = {
   placeholder: "#ddf4ff", variable: "#dafbe1", constant: "#eaeef2", update: "#fff1e5",
@@ -42,6 +43,62 @@ function clip(text, n) {
   return text.length > n ? text.slice(0, n - 1) + "…" : text;
 }
 
+function scopesOf(name) {
+  const parts = name.split("/").slice(0, -1);
+  return parts.map((_, i) => parts.slice(0, i + 1).join("/"));
+}
+
+// Names containing the text (case-insensitive), an exact match (whole name, then last part) first.
+function search(names, text) {
+  const needle = text.trim().toLowerCase();
+  if (!needle) return [];
+  const rank = (n) => (n.toLowerCase() === needle ? 0 : n.split("/").pop().toLowerCase() === needle ? 1 : 2);
+  return names.filter((n) => n.toLowerCase().includes(needle)).sort((a, b) => rank(a) - rank(b) || (a < b ? -1 : 1));
+}
+
+function button(label, title, onClick) {
+  const b = document.createElement("button");
+  b.className = "wb-button";
+  b.textContent = label;
+  b.title = title;
+  b.addEventListener("click", onClick);
+  return b;
+}
+
+// Fold/unfold all, zoom out/in, fit to width, and the search box.
+function toolbar(model, zoomBy, fitWidth) {
+  const bar = document.createElement("div");
+  bar.className = "wb-toolbar";
+  const setCollapsed = (list) => { model.set("collapsed", [...new Set(list)].sort()); model.save_changes(); };
+  const allScopes = () => (model.get("names") || []).flatMap(scopesOf);
+  const input = document.createElement("input");
+  Object.assign(input, { type: "search", placeholder: "find an op…", className: "wb-search" });
+  const found = document.createElement("span");
+  found.className = "wb-muted wb-found";
+  let matches = [], at = -1, last = "";
+  input.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter") return;
+    if (input.value !== last) { matches = search(model.get("names") || [], input.value); at = -1; last = input.value; }
+    if (!matches.length) { found.textContent = input.value.trim() ? "no match" : ""; return; }
+    at = (at + 1) % matches.length;
+    const name = matches[at];
+    const open = new Set(scopesOf(name));
+    model.set("collapsed", (model.get("collapsed") || []).filter((s) => !open.has(s)));
+    model.set("highlight", name);
+    model.save_changes();
+    found.textContent = `${at + 1} of ${matches.length}: ${name}`;
+  });
+  bar.append(
+    button("fold all", "fold every name scope", () => setCollapsed(allScopes())),
+    button("unfold all", "open every name scope", () => setCollapsed([])),
+    button("−", "zoom out", () => zoomBy(1 / 1.25)),
+    button("+", "zoom in", () => zoomBy(1.25)),
+    button("fit width", "scale the drawing to the width of the view", fitWidth),
+    input, found,
+  );
+  return bar;
+}
+
 function details(node, state) {
   const div = document.createElement("div");
   const add = (label, value) => {
@@ -79,13 +136,36 @@ function render({ model, el: root }) {
   }
   const wrap = document.createElement("div");
   wrap.className = "wb-graph";
+  let svg = null;
+
+  // The drawing's scale: with "fit", the largest (up to 1) that shows its whole width.
+  function applyZoom() {
+    const layout = model.get("layout") || {};
+    if (!svg || !layout.width) return;
+    let zoom = model.get("zoom") || 1;
+    if (model.get("fit") && canvas.clientWidth > 0) {
+      zoom = Math.max(0.01, Math.min(1, (canvas.clientWidth - 4) / layout.width));
+      if (Math.abs(zoom - (model.get("zoom") || 1)) > 1e-3) { model.set("zoom", zoom); model.save_changes(); }
+    }
+    svg.setAttribute("width", Math.round(layout.width * zoom));
+    svg.setAttribute("height", Math.round(layout.height * zoom));
+    svg.setAttribute("data-zoom", zoom.toFixed(3));
+  }
+  const zoomBy = (factor) => {
+    model.set("fit", false);  // first: a change of zoom while fitting would be fitted back
+    model.set("zoom", Math.max(0.01, Math.min(4, (model.get("zoom") || 1) * factor)));
+    model.save_changes();
+    applyZoom();
+  };
+  const fitWidth = () => { model.set("fit", true); model.save_changes(); applyZoom(); };
+  const tools = toolbar(model, zoomBy, fitWidth);
   const canvas = document.createElement("div");
   canvas.className = "wb-canvas";
   const side = document.createElement("div");
   side.className = "wb-details";
   side.innerHTML = '<span class="wb-muted">Click a node for its dtype, shape and defining line; click a scope to open or fold it.</span>';
   wrap.append(canvas, side);
-  root.append(title, legend, wrap);
+  root.append(title, tools, legend, wrap);
   let selected = null;
   const groups = new Map();
 
@@ -119,8 +199,8 @@ function render({ model, el: root }) {
     const byId = new Map(nodes.map((n) => [n.id, n]));
     title.textContent = `graph ${layout.name || ""} · ${nodes.length} nodes` +
       ((layout.collapsed || []).length ? ` · folded: ${layout.collapsed.join(", ")}` : "");
-    const svg = el("svg", { width: layout.width || 0, height: layout.height || 0, class: "wb-svg",
-                            viewBox: `0 0 ${layout.width || 0} ${layout.height || 0}` });
+    svg = el("svg", { width: layout.width || 0, height: layout.height || 0, class: "wb-svg",
+                      viewBox: `0 0 ${layout.width || 0} ${layout.height || 0}` });
     const defs = el("defs", {}, svg);
     const marker = el("marker", { id: "wb-arrow", viewBox: "0 0 10 10", refX: 10, refY: 5,
                                   markerWidth: 6, markerHeight: 6, orient: "auto-start-reverse" }, defs);
@@ -165,12 +245,32 @@ function render({ model, el: root }) {
       groups.set(n.id, g);
     }
     canvas.replaceChildren(svg);
+    applyZoom();
     paintStates();
+    showHighlight();
+  }
+
+  // The node the search found: outlined, selected, and scrolled to the middle of the view.
+  function showHighlight() {
+    const name = model.get("highlight");
+    for (const [id, g] of groups) g.classList.toggle("wb-highlight", id === name);
+    const g = groups.get(name);
+    if (!g) return;
+    selected = name;
+    for (const other of groups.values()) other.classList.toggle("wb-selected", other === g);
+    paintStates();
+    const n = g.__node, zoom = model.get("zoom") || 1;
+    canvas.scrollLeft = Math.max(0, (n.x + n.w / 2) * zoom - canvas.clientWidth / 2);
+    canvas.scrollTop = Math.max(0, (n.y + n.h / 2) * zoom - canvas.clientHeight / 2);
   }
 
   draw();
   model.on("change:layout", draw);
   model.on("change:states", paintStates);
+  model.on("change:highlight", showHighlight);
+  model.on("change:zoom", applyZoom);
+  model.on("change:fit", applyZoom);
+  if (typeof ResizeObserver !== "undefined") new ResizeObserver(() => applyZoom()).observe(canvas);
 }
 
 export default { render };

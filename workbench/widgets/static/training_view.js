@@ -25,28 +25,75 @@ function duration(s) {
   return m < 60 ? `${m} min ${Math.round(s % 60)} s` : `${Math.floor(m / 60)} h ${m % 60} min`;
 }
 
-// A line chart of [[x, y], ...] points, 260 x 130 px, with min/max labels.
-function chart(label, points, color, steps) {
+// Exponential moving average, debiased as TensorBoard does (the first points are not pulled to 0).
+function smooth(points, weight) {
+  if (!(weight > 0)) return points;
+  let avg = 0, n = 0;
+  return points.map(([x, y]) => {
+    avg = avg * weight + (1 - weight) * y;
+    n += 1;
+    return [x, avg / (1 - Math.pow(weight, n))];
+  });
+}
+
+// A line chart of [[x, y], ...] points, 260 x 130 px, with min/max labels; the raw curve faint
+// behind its smoothed one; a log10 y axis when asked and every value is positive.
+function chart(label, points, color, steps, { log = false, smoothing = 0 } = {}) {
   const W = 260, H = 130, L = 44, R = 8, T = 18, B = 18;
   const svg = el("svg", { width: W, height: H, class: "wb-chart", "data-curve": label });
   const t = el("text", { x: L, y: 12 }, svg);
   const last = points.length ? points[points.length - 1][1] : null;
   t.textContent = `${label}: ${fmt(last)}`;
   if (!points.length) return svg;
-  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+  const logY = log && points.every((p) => p[1] > 0);
+  svg.setAttribute("data-scale", logY ? "log" : "linear");
+  const f = logY ? Math.log10 : (y) => y;
+  const xs = points.map((p) => p[0]), ys = points.map((p) => f(p[1]));
   const x0 = Math.min(...xs), x1 = Math.max(steps || 0, ...xs);
   let y0 = Math.min(...ys), y1 = Math.max(...ys);
   if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
   const sx = (x) => L + ((x - x0) / Math.max(x1 - x0, 1e-12)) * (W - L - R);
-  const sy = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+  const sy = (y) => T + (1 - (f(y) - y0) / (y1 - y0)) * (H - T - B);
+  const shown = (v) => fmt(logY ? Math.pow(10, v) : v);
   el("line", { class: "wb-axis", x1: L, y1: H - B, x2: W - R, y2: H - B }, svg);
   el("line", { class: "wb-axis", x1: L, y1: T, x2: L, y2: H - B }, svg);
-  el("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, svg).textContent = fmt(y1);
-  el("text", { x: L - 4, y: H - B, "text-anchor": "end" }, svg).textContent = fmt(y0);
+  el("text", { x: L - 4, y: T + 8, "text-anchor": "end" }, svg).textContent = shown(y1);
+  el("text", { x: L - 4, y: H - B, "text-anchor": "end" }, svg).textContent = shown(y0);
+  el("text", { x: L, y: H - 4 }, svg).textContent = logY ? "log scale" : "";
   el("text", { x: W - R, y: H - 4, "text-anchor": "end" }, svg).textContent = `step ${Math.round(x1)}`;
-  const d = points.map((p, i) => `${i ? "L" : "M"} ${sx(p[0]).toFixed(1)} ${sy(p[1]).toFixed(1)}`).join(" ");
-  el("path", { class: "wb-line", d, stroke: color }, svg);
+  const path = (pts) => pts.map((p, i) => `${i ? "L" : "M"} ${sx(p[0]).toFixed(1)} ${sy(p[1]).toFixed(1)}`).join(" ");
+  if (smoothing > 0 && points.length > 2) {
+    el("path", { class: "wb-line wb-raw", d: path(points), stroke: color }, svg);
+    el("path", { class: "wb-line wb-smooth", d: path(smooth(points, smoothing)), stroke: color }, svg);
+  } else {
+    el("path", { class: "wb-line", d: path(points), stroke: color }, svg);
+  }
   return svg;
+}
+
+// The log-scale checkbox and the smoothing slider, bound to the synced traits of the same names.
+function controls(model, redraw) {
+  const row = document.createElement("div");
+  row.className = "wb-controls";
+  const logLabel = document.createElement("label");
+  const logBox = document.createElement("input");
+  logBox.type = "checkbox";
+  logBox.className = "wb-log";
+  logLabel.append(logBox, " log scale");
+  const smoothLabel = document.createElement("label");
+  const slider = document.createElement("input");
+  Object.assign(slider, { type: "range", min: "0", max: "0.99", step: "0.01", className: "wb-smoothing" });
+  const value = document.createElement("span");
+  smoothLabel.append("smoothing ", slider, value);
+  row.append(logLabel, smoothLabel);
+  const show = () => {
+    logBox.checked = !!model.get("log_scale");
+    slider.value = String(model.get("smoothing") || 0);
+    value.textContent = ` ${Number(model.get("smoothing") || 0).toFixed(2)}`;
+  };
+  logBox.addEventListener("change", () => { model.set("log_scale", logBox.checked); model.save_changes(); redraw(); });
+  slider.addEventListener("input", () => { model.set("smoothing", Number(slider.value)); model.save_changes(); redraw(); });
+  return { row, show };
 }
 
 function render({ model, el: root }) {
@@ -65,7 +112,8 @@ function render({ model, el: root }) {
   charts.style.marginTop = "8px";
   const workers = document.createElement("div");
   workers.className = "wb-workers";
-  root.append(title, bar, charts, workers);
+  const ctl = controls(model, () => draw());
+  root.append(title, bar, ctl.row, charts, workers);
 
   function draw() {
     const s = model.get("state") || {};
@@ -76,7 +124,9 @@ function render({ model, el: root }) {
     bar.classList.toggle("wb-failed", s.status === "failed");
     let line = `step ${step} / ${steps} (${Math.round(100 * frac)}%) · ${duration(s.elapsed)} elapsed`;
     if (s.status === "running") line += ` · ETA ${duration(s.eta)}`;
-    line += ` · ${Math.round(s.samples_per_s || 0).toLocaleString("en-US")} samples/s`;
+    // The median over the run: one slow step (the first compiles its plan) does not move it.
+    const rate = s.median_samples_per_s || s.samples_per_s || 0;
+    line += ` · ${Math.round(rate).toLocaleString("en-US")} samples/s (median)`;
     if (s.replicas) line += ` · ${s.replicas} replicas`;
     if (s.dropped) line += ` · ${s.dropped} dropped`;
     if (s.restarts) line += ` · ${s.restarts} restarts`;
@@ -84,8 +134,11 @@ function render({ model, el: root }) {
     if (s.status === "failed") line += ` · failed at ${s.error}`;
     text.textContent = line;
     bar.setAttribute("data-status", s.status || "");
+    ctl.show();
+    const options = { log: !!model.get("log_scale"), smoothing: Number(model.get("smoothing") || 0) };
     const children = [];
-    Object.entries(s.curves || {}).forEach(([label, pts], i) => children.push(chart(label, pts, COLORS[i % COLORS.length], steps)));
+    Object.entries(s.curves || {}).forEach(([label, pts], i) =>
+      children.push(chart(label, pts, COLORS[i % COLORS.length], steps, options)));
     children.push(chart("samples/s", s.throughput || [], "#57606a", steps));
     charts.replaceChildren(...children);
     const util = Object.entries(s.workers || {});
@@ -112,6 +165,8 @@ function render({ model, el: root }) {
   draw();
   model.on("change:state", draw);
   model.on("change:title", draw);
+  model.on("change:log_scale", draw);
+  model.on("change:smoothing", draw);
 }
 
 export default { render };
