@@ -13,7 +13,7 @@ import numpy as np
 
 from workbench.errors import DeviceError, FeedError
 from workbench.graph.core import Graph
-from workbench.graph.fusion import fuse_elementwise
+from workbench.graph.step_fusion import fuse_step
 from workbench.gpu.codegen import supports_op
 from workbench.gpu.graphs import CudaCapture, PlanGraphs
 from workbench.gpu.kernels import FusedKernels
@@ -168,7 +168,7 @@ class GPU:
         """The graph a plan runs on this device: fused elementwise chains."""
         if not self.fuse:
             return graph
-        return fuse_elementwise(graph, keep=fetches, supported=supports_op)
+        return fuse_step(graph, keep=fetches, supported=supports_op)
 
     def run_plan(self, plan, feed_values: list, check_numerics: bool = False) -> list:
         """``plan.run(feed_values)``, replayed as a CUDA graph when ``cuda_graphs`` allows."""

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.graph.plan import written_variables
+
 
 def capture_obstacle(plan) -> str | None:
     """Why ``plan`` can never be captured, or None."""
@@ -73,7 +75,7 @@ class PlanGraphs:
     def __init__(self, plan, capture):
         self.plan, self.capture = plan, capture
         self.obstacle = capture_obstacle(plan)  # set too when a capture fails: never retried
-        updated = [op.inputs[0].op.name for op in plan.step_ops if op.opdef.stateful and op.inputs]
+        updated = [name for op in plan.step_ops for name in written_variables(op)]
         self.names = list(dict.fromkeys(plan.variable_names + updated))
         self.graphs: dict[tuple, Captured] = {}
         self.ready: set[tuple] = set()  # signatures whose last plain run kept every variable's array

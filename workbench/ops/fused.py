@@ -57,7 +57,7 @@ def step_values(program, input_specs, infer) -> list:
     return values
 
 
-def _infer_step(kind, args, attrs, dtype):
+def infer_step(kind, args, attrs, dtype):
     if kind == "constant":
         return TensorSpec((), dtype)
     spec = REGISTRY[kind].infer(*args, **attrs)
@@ -69,18 +69,23 @@ def _infer_step(kind, args, attrs, dtype):
 def _fused_spec(*specs: TensorSpec, program) -> TensorSpec:
     if not program:
         raise ShapeError("a fused program needs at least one step")
-    return step_values(program, specs, _infer_step)[-1]
+    return step_values(program, specs, infer_step)[-1]
 
 
-def run_program(xp, program, arrays):
-    """Compute ``program`` step by step with each op's registered kernel."""
+def program_values(xp, program, arrays) -> list:
+    """Every value of ``program`` run step by step with each op's registered kernel: inputs, then steps."""
     values = list(arrays)
     for kind, refs, attrs, dtype in program:
         if kind == "constant":
             values.append(xp.asarray(attrs[0][1], dtype=getattr(xp, dtype)))
         else:
             values.append(REGISTRY[kind].kernel(xp, *[values[r] for r in refs], **dict(attrs)))
-    return values[-1]
+    return values
+
+
+def run_program(xp, program, arrays):
+    """Compute ``program`` step by step with each op's registered kernel."""
+    return program_values(xp, program, arrays)[-1]
 
 
 def _fused_kernel(xp, *arrays, program):

@@ -13,6 +13,9 @@ An op is registered once with :func:`defop`:
   but writes the result into ``out``, an input the executor owns and no longer
   needs (or, for variable updates, the variable's current value); the executor
   only calls it when ``out`` has the result's shape and dtype.
+- ``writes(attrs, n_inputs)``, optional, for a stateful op that updates several
+  variables at once: the input position of the variable each output is written
+  into (a plain update writes its input 0).
 
 Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
 at import time. The registry knows nothing of graphs: op functions reach the graph
@@ -51,6 +54,9 @@ class OpDef:
     elementwise: bool = False  # output[i] depends only on inputs[i] (after broadcasting)
     variadic: bool = False  # takes any number of inputs (concat, stack, group)
     inplace: Callable[..., Any] | None = None  # inplace(xp, out, *arrays, **attrs): kernel's result written into out
+    # an update of several variables: writes(attrs, n_inputs) gives the input position of the variable
+    # each output is written into; kernel returns the new values, inplace(xp, None, ...) writes them there
+    writes: Callable[..., tuple] | None = None
 
     @property
     def differentiable(self) -> bool:
