@@ -16,6 +16,7 @@ from workbench.graph.core import Graph
 from workbench.graph.step_fusion import fuse_step
 from workbench.gpu.codegen import supports_op
 from workbench.gpu.graphs import CudaCapture, PlanGraphs
+from workbench.gpu import train_kernels
 from workbench.gpu.kernels import FusedKernels
 from workbench.ops import fused
 
@@ -279,4 +280,5 @@ def _shared_kernels(cupy) -> FusedKernels:
     """One kernel cache (and registered compiler) per CuPy module, however many sessions open a GPU."""
     if id(cupy) not in _KERNELS:
         _KERNELS[id(cupy)] = FusedKernels(cupy)
+        train_kernels.register(cupy)  # fused_update, softmax_cross_entropy_with_grad
     return _KERNELS[id(cupy)]
