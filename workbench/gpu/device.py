@@ -130,8 +130,10 @@ class GPU:
         with no Python per kernel. Plans with random ops and runs with
         ``check_numerics`` always run plainly, as does a plan whose capture
         failed once. See :mod:`workbench.gpu.graphs`. ``graph_replays`` counts replays.
-        Off by default: CuPy 14 refuses cuBLAS calls during stream capture, so
-        plans with a matmul fall back to plain runs (with the same results).
+        CuPy refuses cuBLAS calls during stream capture, so matmuls are captured
+        (and warmed up) through cuBLAS called directly (:mod:`workbench.gpu.blas`).
+        Off by default until that path is measured on a GPU; where capture fails
+        the plan runs plainly, with the reason in a ``graph_capture`` event.
     emulate : bool
         Run this code path on NumPy instead of CuPy (no GPU needed): for tests
         and dry runs of scripts meant for a GPU machine. No graphs are captured
@@ -159,7 +161,7 @@ class GPU:
         self.kernels = _shared_kernels(self.cupy)
         fused.register_compiler(self.kernels)
         if self.cuda_graphs:
-            self.capture = CudaCapture(self.cupy)
+            self.capture = CudaCapture(self.cupy, self.xp)  # with capturable cuBLAS for matmuls
 
     def __repr__(self) -> str:
         return f"<GPU {self.index}{' (emulated on NumPy)' if self.emulated else ''}>"
@@ -171,13 +173,14 @@ class GPU:
             return graph
         return fuse_step(graph, keep=fetches, supported=supports_op)
 
-    def run_plan(self, plan, feed_values: list, check_numerics: bool = False) -> list:
-        """``plan.run(feed_values)``, replayed as a CUDA graph when ``cuda_graphs`` allows."""
+    def run_plan(self, plan, feed_values: list, check_numerics: bool = False, emit=None) -> list:
+        """``plan.run(feed_values)``, replayed as a CUDA graph when ``cuda_graphs`` allows;
+        ``emit(kind, **fields)`` hears why a plan is or is not captured."""
         if self.capture is None or not self.cuda_graphs:
             return plan.run(feed_values, check_numerics=check_numerics)
         graphs = self._graphs.get(id(plan))
         if graphs is None or graphs.plan is not plan:
-            graphs = self._graphs[id(plan)] = PlanGraphs(plan, self.capture)
+            graphs = self._graphs[id(plan)] = PlanGraphs(plan, self.capture, emit)
         return graphs.run(feed_values, check_numerics)
 
     @property
