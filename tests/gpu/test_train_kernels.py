@@ -32,6 +32,7 @@ using namespace std;
 #define __forceinline__ inline
 struct Dim { unsigned int x; };
 static Dim blockIdx, threadIdx, blockDim, gridDim;
+inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 typedef _Float16 __half;
 inline float __half2float(__half h) { return (float)h; }
 inline __half __float2half(float f) { return (__half)f; }

@@ -35,6 +35,7 @@ WORKSPACE = 32 << 20  # bytes: what cuBLAS recommends for Hopper
 
 def load_cublas(cupy):
     """The cuBLAS library CuPy uses (already loaded: found by its soname), via ctypes."""
+    cupy.cuda.device.get_cublas_handle()  # CuPy loads cuBLAS lazily: have it loaded, wherever it lives
     major = cupy.cuda.runtime.runtimeGetVersion() // 1000
     names = [f"libcublas.so.{major}", ctypes.util.find_library("cublas")]
     for name in filter(None, names):

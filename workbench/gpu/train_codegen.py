@@ -23,6 +23,8 @@ from workbench.gpu.codegen import C_TYPES, HEADERS, STORAGE, body_lines, load, s
 
 #: Threads per block of these kernels.
 BLOCK = 256
+# NVRTC compiles without the C headers that define INFINITY and NAN; these are device intrinsics
+INFINITY, NAN = "__int_as_float(0x7f800000)", "__int_as_float(0x7fc00000)"
 
 
 def _headers(dtypes) -> list[str]:
@@ -114,11 +116,11 @@ def cross_entropy_kernel_source(dtype: str, label_dtype: str, mean: bool) -> tup
         f"        {s}* d = dlogits + row * classes;",
         "        const long long y = (long long)labels[row];",
         "        if (y < 0 || y >= classes) {",
-        f"            loss[row] = {store(f'({t})NAN', dtype, 'raw')};",
-        f"            for (long long c = 0; c < classes; ++c) d[c] = {store(f'({t})NAN', dtype, 'raw')};",
+        f"            loss[row] = {store(f'({t}){NAN}', dtype, 'raw')};",
+        f"            for (long long c = 0; c < classes; ++c) d[c] = {store(f'({t}){NAN}', dtype, 'raw')};",
         "            continue;",
         "        }",
-        f"        {t} m = -({t})INFINITY;",
+        f"        {t} m = -({t}){INFINITY};",
         f"        for (long long c = 0; c < classes; ++c) {{ const {t} v = {x}; if (v > m || v != v) m = v; }}",  # NaN wins
         f"        {t} sum = 0;",
         f"        for (long long c = 0; c < classes; ++c) sum += exp({x} - m);",
