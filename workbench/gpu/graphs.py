@@ -55,8 +55,8 @@ def capture_obstacle(plan) -> str | None:
 
 
 def signature(feeds) -> tuple:
-    """The cache key of a run: each feed's shape and dtype."""
-    return tuple((tuple(f.shape), str(f.dtype)) for f in feeds)
+    """The cache key of a run: each feed's shape and dtype (a dtype object: equal to its name)."""
+    return tuple([(f.shape, f.dtype) for f in feeds])
 
 
 @dataclass
@@ -224,7 +224,8 @@ class CudaCapture:
         return self.cupy.empty(array.shape, array.dtype)
 
     def copy_into(self, dst, src) -> None:
-        self.cupy.copyto(dst, src)
+        # the namespace's copyto is one memcpy for arrays of one shape and dtype (see gpu/device.py)
+        (self.cupy if self.xp is None else self.xp).copyto(dst, src)
 
     def copy(self, array):
         return array.copy()
