@@ -97,3 +97,27 @@ def test_a_whole_step_is_captured_and_replayed():
     host = (time.perf_counter() - started) / 50
     cp.cuda.Device().synchronize()
     print(f"host time per captured step: {host * 1e6:.1f} us")
+
+
+def test_convolutions_run_as_generated_kernels_and_one_product_each():
+    from workbench.ops.fused import DEVICE_KERNELS
+
+    g = wb.Graph(name="cnn")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3, 16, 16))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = wb.max_pool2d(wb.relu(wb.conv2d(x, wb.variable("c1", shape=(8, 3, 3, 3), init="he_uniform"), padding="same")), 2)
+        h = wb.relu(wb.conv2d(h, wb.variable("c2", shape=(16, 8, 3, 3), init="he_uniform"), stride=2, padding="same"))
+        logits = wb.matmul(wb.reshape(h, (-1, 16 * 16)), wb.variable("w", shape=(16 * 16, 5)))
+        loss = wb.mean(wb.softmax_cross_entropy(logits, y))
+        train = wb.optimizers.Adam(0.01).minimize(loss)
+    cpu, gpu = wb.Session(g, seed=1), wb.Session(g, seed=1, device="gpu")
+    conv = DEVICE_KERNELS["conv2d"][0].__self__
+    before = conv.calls
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        feed = {"x": rng.normal(size=(12, 3, 16, 16)).astype(np.float32), "y": rng.integers(0, 5, 12)}
+        np.testing.assert_allclose(gpu.run([train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-4)
+    for k, v in cpu.variables.items():
+        np.testing.assert_allclose(gpu.variables[k], v, rtol=1e-3, atol=1e-5, err_msg=k)
+    assert conv.calls - before == 3 * 5

@@ -241,7 +241,78 @@ def test_training_kernels_compile_with_nvcc(tmp_path):
     sources = [cross_entropy_kernel_source(d, "int64", True)[1] for d in ("float16", "bfloat16", "float32", "float64")]
     program = (("multiply", (2, 1), (), "float16"), ("subtract", (0, 3), (), "float16"))
     sources.append(update_kernel_source(program, ("float16",) * 3, (4,), 4, 2)[1])
+    from workbench.gpu.conv_kernels import col2im_source, im2col_source
+
+    sources += [make(d)[1] for make in (im2col_source, col2im_source) for d in ("float16", "float32", "float64")]
     for i, source in enumerate(sources):
         path = tmp_path / f"k{i}.cu"
         path.write_text(source)
         subprocess.run(["nvcc", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")], check=True, capture_output=True)
+
+
+# -- convolutions ---------------------------------------------------------------------------------
+
+
+def _conv_kernels():
+    from workbench.gpu.conv_kernels import ConvKernels
+
+    fake = types.SimpleNamespace(ndarray=np.ndarray, RawKernel=HostRawKernel, empty=np.empty,
+                                 ascontiguousarray=np.ascontiguousarray)  # fmt: skip
+    return ConvKernels(fake, 2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+@pytest.mark.parametrize("shape,kernel,stride,padding", [
+    ((2, 3, 9, 7), (3, 3), (1, 1), "same"),
+    ((3, 2, 8, 8), (3, 2), (2, 2), "same"),
+    ((2, 4, 7, 9), (2, 3), (2, 1), "valid"),
+    ((1, 1, 5, 5), (5, 5), (1, 1), "valid"),
+])  # fmt: skip
+def test_generated_convolutions_match_the_namespace_kernels(shape, kernel, stride, padding, dtype):
+    from workbench.ops.registry import REGISTRY
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=shape).astype(dtype)
+    w = rng.normal(size=(5, shape[1], *kernel)).astype(dtype)
+    attrs = {"stride": stride, "padding": padding}
+    kernels = _conv_kernels()
+    out = kernels.forward(np, (x, w), attrs)(x, w)
+    want = REGISTRY["conv2d"].kernel(np, x, w, **attrs)
+    rtol = 1e-2 if dtype == "float16" else 1e-6
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=rtol, atol=rtol * 10)
+    g = rng.normal(size=want.shape).astype(dtype)
+    dx = kernels.input_grad(np, (g, x, w), attrs)(g, x, w)
+    np.testing.assert_allclose(dx, REGISTRY["conv2d_input_grad"].kernel(np, g, x, w, **attrs), rtol=rtol, atol=rtol * 10)
+    dw = kernels.filter_grad(np, (x, g, w), attrs)(x, g, w)
+    np.testing.assert_allclose(dw, REGISTRY["conv2d_filter_grad"].kernel(np, x, g, w, **attrs), rtol=rtol, atol=rtol * 30)
+    assert out.flags.c_contiguous and dx.shape == x.shape and dw.shape == w.shape and kernels.calls == 3
+
+
+def test_a_cnn_trains_through_the_generated_convolutions(monkeypatch):
+    kernels = _conv_kernels()
+    patched = (("conv2d", kernels.forward), ("conv2d_input_grad", kernels.input_grad),
+               ("conv2d_filter_grad", kernels.filter_grad))  # fmt: skip
+
+    def on_device(session, fetches, feed):  # the stand-in takes NumPy arrays: only this session may use it
+        with monkeypatch.context() as m:
+            for op, fn in patched:
+                m.setitem(fused_train.DEVICE_KERNELS, op, [fn])
+            return session.run(fetches, feed)
+
+    g = wb.Graph(name="cnn")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2, 8, 8))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = wb.relu(wb.conv2d(x, wb.variable("c1", shape=(4, 2, 3, 3), init="he_uniform"), padding="same"))
+        h = wb.relu(wb.conv2d(h, wb.variable("c2", shape=(6, 4, 3, 3), init="he_uniform"), stride=2, padding="same"))
+        logits = wb.matmul(wb.reshape(h, (-1, 6 * 16)), wb.variable("w", shape=(6 * 16, 3)))
+        loss = wb.mean(wb.softmax_cross_entropy(logits, y))
+        train = wb.optimizers.Adam(0.01).minimize(loss)
+    cpu, gpu = wb.Session(g, seed=1), wb.Session(g, seed=1, device="gpu", emulate=True)
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        feed = {"x": rng.normal(size=(5, 2, 8, 8)).astype(np.float32), "y": rng.integers(0, 3, 5)}
+        np.testing.assert_allclose(on_device(gpu, [train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-5)
+    for k, v in cpu.variables.items():
+        np.testing.assert_allclose(gpu.variables[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+    assert kernels.calls == 3 * (2 * 2 + 1)  # per step: im2col for both forwards and filter grads, col2im for c2's input grad

@@ -16,7 +16,7 @@ from workbench.graph.core import Graph
 from workbench.graph.step_fusion import fuse_step
 from workbench.gpu.codegen import supports_op
 from workbench.gpu.graphs import CudaCapture, PlanGraphs
-from workbench.gpu import train_kernels
+from workbench.gpu import conv_kernels, train_kernels
 from workbench.gpu.kernels import FusedKernels
 from workbench.ops import fused
 
@@ -284,4 +284,5 @@ def _shared_kernels(cupy) -> FusedKernels:
     if id(cupy) not in _KERNELS:
         _KERNELS[id(cupy)] = FusedKernels(cupy)
         train_kernels.register(cupy)  # fused_update, softmax_cross_entropy_with_grad
+        conv_kernels.register(cupy)  # conv2d and its gradients: im2col/col2im and one GEMM each
     return _KERNELS[id(cupy)]

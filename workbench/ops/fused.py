@@ -42,6 +42,28 @@ def register_compiler(compiler: Callable) -> None:
         COMPILERS.append(compiler)
 
 
+#: op type -> functions ``compiler(xp, arrays, attrs)`` returning a faster callable for these
+#: arrays, or None (another namespace, an unsupported dtype or layout); tried in order. Ops whose
+#: kernels ask :func:`device_kernel` first (the fused training-step ops, convolutions) use them.
+DEVICE_KERNELS: dict[str, list[Callable]] = {}
+
+
+def register_device_kernel(op_type: str, compiler: Callable) -> None:
+    """Add a device kernel compiler for ``op_type`` (once; the same function again does nothing)."""
+    found = DEVICE_KERNELS.setdefault(op_type, [])
+    if compiler not in found:
+        found.append(compiler)
+
+
+def device_kernel(op_type: str, xp, arrays, attrs: dict):
+    """The first registered device kernel that takes ``arrays``, or None."""
+    for compiler in DEVICE_KERNELS.get(op_type, ()):
+        found = compiler(xp, arrays, attrs)
+        if found is not None:
+            return found
+    return None
+
+
 def step_values(program, input_specs, infer) -> list:
     """Walk ``program`` with ``infer(op_type, arg_values, attrs, dtype)``; returns every value."""
     values = list(input_specs)

@@ -5,6 +5,7 @@ these ops after differentiation, so they declare no gradient. Their kernels here
 compose the ops' own kernels and are right on every array namespace; a device
 registers faster ones with :func:`register_device_kernel` (the GPU layer
 generates one CUDA kernel per op, see :mod:`workbench.gpu.train_kernels`).
+``register_device_kernel`` and ``DEVICE_KERNELS`` live in :mod:`workbench.ops.fused`.
 
 ``fused_update(*inputs, program, stores, lanes, width)``
     ``lanes`` parameters updated by one elementwise ``program`` (the steps of
@@ -25,11 +26,9 @@ generates one CUDA kernel per op, see :mod:`workbench.gpu.train_kernels`).
 
 from __future__ import annotations
 
-from typing import Callable
-
 from workbench.errors import DTypeError, ShapeError
 from workbench.ops import rules
-from workbench.ops.fused import infer_step, program_values, step_values
+from workbench.ops.fused import DEVICE_KERNELS, device_kernel, infer_step, program_values, register_device_kernel, step_values
 from workbench.ops.math import _unreduce_kernel, _unreduce_spec
 from workbench.ops.nn import _sce_grad_kernel, _sce_kernel, _sce_spec
 from workbench.ops.registry import TensorSpec, defop
@@ -38,26 +37,6 @@ from workbench.ops.state import _assign_into
 FUSED_UPDATE = "fused_update"
 SCE_WITH_GRAD = "softmax_cross_entropy_with_grad"
 _PASS = "made by a pass over plans' graphs, which runs after differentiation"
-
-#: op type -> functions ``compiler(xp, arrays, attrs)`` returning a faster callable for these
-#: arrays, or None (another namespace, an unsupported dtype or layout). Tried in order.
-DEVICE_KERNELS: dict[str, list[Callable]] = {FUSED_UPDATE: [], SCE_WITH_GRAD: []}
-
-
-def register_device_kernel(op_type: str, compiler: Callable) -> None:
-    """Add a device kernel compiler for ``op_type`` (once; the same function again does nothing)."""
-    if compiler not in DEVICE_KERNELS[op_type]:
-        DEVICE_KERNELS[op_type].append(compiler)
-
-
-def device_kernel(op_type: str, xp, arrays, attrs: dict):
-    """The first registered device kernel that takes ``arrays``, or None."""
-    for compiler in DEVICE_KERNELS[op_type]:
-        found = compiler(xp, arrays, attrs)
-        if found is not None:
-            return found
-    return None
-
 
 # -- fused_update -----------------------------------------------------------------------
 
@@ -152,3 +131,7 @@ def _sce_with_grad_kernel(xp, logits, labels, upstream, *, axis, keepdims, mean)
 
 
 defop(SCE_WITH_GRAD, infer=_sce_with_grad_spec, kernel=_sce_with_grad_kernel, num_outputs=2, nondiff=_PASS)
+
+
+__all__ = ["DEVICE_KERNELS", "FUSED_UPDATE", "SCE_WITH_GRAD", "lane_inputs", "lane_values", "register_device_kernel",
+           "update_writes"]  # fmt: skip
