@@ -148,7 +148,7 @@ class Session:
             if self._gpu is None:
                 values = plan.run(feed_values, check_numerics=check_numerics)
             else:
-                values = self._gpu.run_plan(plan, feed_values, check_numerics=check_numerics)
+                values = self._gpu.run_plan(plan, feed_values, check_numerics=check_numerics, emit=self.events.emit)
         except WorkbenchError as e:
             if watched:
                 self.events.emit("run_failed", op=getattr(e, "op", None), error=str(e))

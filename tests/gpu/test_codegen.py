@@ -46,12 +46,40 @@ def test_where_compare_and_cast():
     ]
 
 
+def test_float16_is_computed_in_float_and_rounded_when_stored():
+    program = (
+        ("constant", (), (("value", 0.1),), "float16"),
+        ("multiply", (0, 2), (), "float16"),
+        ("cast", (3,), (("dtype", "float32"),), "float32"),
+        ("cast", (4,), (("dtype", "float16"),), "float16"),
+        ("add", (5, 1), (), "float16"),
+    )
+    params, out, body = codegen.kernel_source(program, ("float16", "float16"))
+    assert params == "float16 in0, float16 in1" and out == "float16 out0"
+    assert body.splitlines() == [
+        "const float v3 = ((float)in0) * (float)0.0999755859375;",  # 0.1 as float16
+        "const float v4 = (float)(v3);",
+        "const float v5 = ((float)(float16)(v4));",  # a cast to float16 rounds
+        "const float v6 = v5 + ((float)in1);",
+        "out0 = (float16)(v6);",
+    ]
+    assert codegen.supported("exp", ["float16"], "float16") and codegen.supported("sqrt", ["bfloat16"], "bfloat16")
+
+
+def test_raw_kernels_load_and_store_half_types():
+    lines, result, dtype = codegen.body_lines((("add", (0, 1), (), "bfloat16"),), ("bfloat16", "float16"), dialect="raw")
+    assert lines == ["const float v2 = __bfloat162float(in0) + __half2float(in1);"] and dtype == "bfloat16"
+    assert codegen.store(result, dtype, "raw") == "__float2bfloat16(v2)"
+    assert codegen.rounded(1 + 2**-8, "bfloat16") == 1.0 and codegen.rounded(1 + 3 * 2**-8, "bfloat16") == 1 + 2**-6
+    assert codegen.literal(0.1, "bfloat16") == "(float)0.10009765625"
+
+
 def test_sigmoid_matches_the_kernels_formula():
     assert codegen.expression("sigmoid", ["x"], "float64") == "(double)0.5 * tanh((double)0.5 * x) + (double)0.5"
 
 
 def test_unsupported_dtypes_and_ops_give_none():
-    assert codegen.kernel_source((("exp", (0,), (), "float16"),), ("float16",)) is None
+    assert codegen.kernel_source((("exp", (0,), (), "bfloat16"),), ("bfloat16",)) is None  # CuPy has no bfloat16
     assert codegen.kernel_source((("divide", (0, 0), (), "int64"),), ("int64",)) is None
     assert not codegen.supported("pow", ["int32", "int32"], "int32")
     assert not codegen.supported("matmul", ["float32", "float32"], "float32")

@@ -189,6 +189,28 @@ def test_cuda_graphs_off_runs_plainly():
     assert sess._gpu.capture.captures == 0 and not sess._gpu._graphs
 
 
+def test_capture_decisions_are_events():
+    g, train, loss = _mlp()
+    sess = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
+    sess._gpu.capture = FakeCapture(sess._state)
+    seen = []
+    sess.events.subscribe(lambda e: seen.append(e) if e["kind"] == "graph_capture" else None)
+    for _ in range(4):
+        sess.run(train, _batch())
+    sess.initialize()
+    sess.run(train, _batch())
+    assert [e["status"] for e in seen] == ["captured", "dropped"]
+    assert seen[0]["signature"] == (((16, 6), "float32"), ((16, 3), "float32"))
+    failing = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
+    failing._gpu.capture = FakeCapture(failing._state, fail=True)
+    seen.clear()
+    failing.events.subscribe(lambda e: seen.append(e) if e["kind"] == "graph_capture" else None)
+    for _ in range(4):
+        failing.run(train, _batch())
+    assert [e["status"] for e in seen] == ["skipped"]
+    assert seen[0]["reason"].startswith("capture failed: RuntimeError: operation not permitted")
+
+
 # -- fused kernels on flat views ------------------------------------------------------------
 
 PROGRAM = (("add", (0, 1), (), "float32"), ("relu", (2,), (), "float32"))

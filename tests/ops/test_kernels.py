@@ -194,6 +194,24 @@ def pool_cases(grad):
     return cases
 
 
+UPDATE_PROGRAM = (  # lanes of (m, v, g) and a shared lr: m' = 0.9 m + g; v' = v - lr m'
+    ("constant", (), (("value", 0.9),), "float64"),
+    ("multiply", (4, 0), (), "float64"),
+    ("add", (5, 2), (), "float64"),
+    ("multiply", (3, 6), (), "float64"),
+    ("subtract", (1, 7), (), "float64"),
+)
+
+
+def update_reference(m0, v0, g0, m1, v1, g1, lr):
+    return 0.9 * m0 + g0, v0 - lr * (0.9 * m0 + g0), 0.9 * m1 + g1, v1 - lr * (0.9 * m1 + g1)
+
+
+def sce_with_grad_reference(logits, labels, upstream, rows):
+    loss, probs = sce_reference(logits, labels)
+    return loss, (probs - np.eye(logits.shape[-1])[labels]) * (upstream / rows)
+
+
 FUSED_PROGRAM = (  # (x * y + exp(x)) * 2, the steps numbered after the two inputs
     ("multiply", (0, 1), (), "float64"),
     ("exp", (0,), (), "float64"),
@@ -318,6 +336,13 @@ KERNEL_CASES: dict[str, list[KCase]] = {
                 K([normal(3, 3, dtype=np.float32)], lambda x: dropout_reference(x, 0.25), rate=0.25, seed=3)],
     "constant": [K([], lambda: np.arange(6.0).reshape(2, 3), value=np.arange(6.0).reshape(2, 3))],
     "fused_elementwise": [K([normal(3, 4), normal(4)], lambda x, y: (x * y + np.exp(x)) * 2.0, program=FUSED_PROGRAM)],
+    "fused_update": [K([normal(3, 4), normal(3, 4), normal(3, 4), normal(5), normal(5), normal(5), np.array(0.1)],
+                       update_reference, program=UPDATE_PROGRAM, stores=(6, 8), lanes=2, width=3)],
+    "softmax_cross_entropy_with_grad": [
+        K([normal(4, 5) * 30, ints(0, 4, 2, 2), np.array(1.5)], lambda x, y, u: sce_with_grad_reference(x, y, u, 4),
+          axis=None, keepdims=False, mean=True),
+        K([normal(4, 5), ints(1, 1, 3, 0), np.array(2.0)], lambda x, y, u: sce_with_grad_reference(x, y, u, 1),
+          axis=None, keepdims=False, mean=False)],
     "assign": [K([normal(3, 4), normal(3, 4)], lambda cur, v: v), K([normal(3, 4), normal(4)], lambda cur, v: np.tile(v, (3, 1)))],
     "assign_add": [K([normal(3, 4), normal(3, 4)], np.add), K([normal(3, 4), normal(4)], np.add)],
     "assign_sub": [K([normal(3, 4), normal(3, 4)], np.subtract)],

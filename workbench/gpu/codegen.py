@@ -20,13 +20,30 @@ from __future__ import annotations
 import math
 import zlib
 
+import numpy as np
+
 from workbench.ops.registry import FLOATS
 
-#: C type of each dtype a generated kernel handles (float16 stays unfused).
+#: C type a generated kernel computes each dtype in: float16 and bfloat16 values are
+#: computed in float and rounded once, when stored (or at a ``cast`` to them).
 C_TYPES = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
-    "uint8": "unsigned char", "float32": "float", "float64": "double",
+    "uint8": "unsigned char", "float16": "float", "bfloat16": "float", "float32": "float", "float64": "double",
 }  # fmt: skip
+
+#: How a stored half-precision value is read as float and written back, per kind of kernel:
+#: ``elementwise`` (``cupy.ElementwiseKernel``, whose ``float16`` converts itself) and ``raw``
+#: (CUDA C with ``cuda_fp16.h``/``cuda_bf16.h``). CuPy arrays have no bfloat16: raw kernels only.
+HALF = {
+    "elementwise": {"float16": ("((float){})", "(float16)({})")},
+    "raw": {"float16": ("__half2float({})", "__float2half({})"), "bfloat16": ("__bfloat162float({})", "__float2bfloat16({})")},
+}
+#: The C type of stored elements in raw kernels.
+STORAGE = {**C_TYPES, "float16": "__half", "bfloat16": "__nv_bfloat16"}
+HEADERS = {"float16": "#include <cuda_fp16.h>", "bfloat16": "#include <cuda_bf16.h>"}
+FLOAT_DTYPES = (*FLOATS, "bfloat16")
+#: Dtypes each kind of kernel can hold (CuPy arrays, and so elementwise kernels, have no bfloat16).
+C_HALF_OK = {"elementwise": frozenset(C_TYPES) - {"bfloat16"}, "raw": frozenset(C_TYPES)}
 
 FLOAT_ONLY = frozenset({"divide", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "relu_grad"})
 
@@ -69,7 +86,7 @@ def supported(op_type: str, in_dtypes, out_dtype: str) -> bool:
     """Whether the generator has an expression for this op with these dtypes."""
     if op_type not in C_EXPRESSIONS or out_dtype not in C_TYPES or any(d not in C_TYPES for d in in_dtypes):
         return False
-    if op_type in FLOAT_ONLY and out_dtype not in FLOATS:
+    if op_type in FLOAT_ONLY and out_dtype not in FLOAT_DTYPES:
         return False
     if op_type in ("negative", "abs", "sign") and out_dtype == "bool":
         return False
@@ -81,35 +98,63 @@ def supports_op(op) -> bool:
     return supported(op.type, [t.dtype for t in op.inputs], op.outputs[0].dtype)
 
 
+def rounded(value: float, dtype: str) -> float:
+    """``value`` rounded to ``dtype`` (to nearest, ties to even), as a Python float."""
+    if dtype == "bfloat16":  # the top 16 bits of the float32, rounded
+        bits = int(np.array(value, np.float32).view(np.uint32))
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return float(np.array(bits, np.uint32).view(np.float32))
+    return float(np.dtype(dtype).type(value))
+
+
 def literal(value, dtype: str) -> str:
-    """A C literal of ``value`` as ``dtype``: exact for float32 and float64."""
+    """A C literal of ``value`` as ``dtype``: exact for every float dtype."""
     if dtype == "bool":
         return "true" if value else "false"
-    if dtype in ("float32", "float64"):
-        value = float(value)
+    if dtype in FLOAT_DTYPES:
+        value = rounded(float(value), dtype)
         if not math.isfinite(value):
             raise ValueError(f"no C literal for {value}")
         return f"({C_TYPES[dtype]}){value!r}"  # repr is exact; float32 values round-trip
     return f"({C_TYPES[dtype]}){int(value)}"
 
 
-def expression(op_type: str, args, out_dtype: str, attrs: dict | None = None) -> str:
+def load(name: str, dtype: str, dialect: str) -> str:
+    """The C expression reading stored element ``name`` of ``dtype`` in its compute type."""
+    half = HALF[dialect].get(dtype)
+    return half[0].format(name) if half else name
+
+
+def store(value: str, dtype: str, dialect: str) -> str:
+    """The C expression turning a computed ``value`` into a stored element of ``dtype``."""
+    half = HALF[dialect].get(dtype)
+    return half[1].format(value) if half else value
+
+
+def expression(op_type: str, args, out_dtype: str, attrs: dict | None = None, dialect: str = "elementwise") -> str:
     """The C expression of one step; ``args`` are C names or literals."""
     ctype = C_TYPES[out_dtype]
     if op_type == "cast" and out_dtype == "bool":
         return f"({args[0]} != 0)"
+    if op_type == "cast" and out_dtype in HALF[dialect]:  # computed in float, but rounded here as NumPy does
+        return load(store(args[0], out_dtype, dialect), out_dtype, dialect)
     return C_EXPRESSIONS[op_type].format(*args, T=ctype)
 
 
-def body_lines(program, in_dtypes) -> tuple[list[str], str, str] | None:
-    """The C lines of ``program`` over inputs ``in0``, ``in1`` ...: ``(lines, result name, result dtype)``."""
+def body_lines(program, in_dtypes, dialect: str = "elementwise", loaded: bool = False) -> tuple[list[str], str, str] | None:
+    """The C lines of ``program`` over inputs ``in0``, ``in1`` ...: ``(lines, result name, result dtype)``.
+
+    ``loaded``: the inputs are values in their compute types already, not stored elements.
+    """
     dtypes = list(in_dtypes)
-    names = [f"in{i}" for i in range(len(dtypes))]
-    if any(d not in C_TYPES for d in dtypes):
+    if any(d not in C_TYPES or d not in C_HALF_OK[dialect] for d in dtypes):
         return None
+    names = [f"in{i}" if loaded else load(f"in{i}", d, dialect) for i, d in enumerate(dtypes)]
     lines = []
     for kind, refs, attrs, dtype in program:
         k = len(names)
+        if dtype not in C_HALF_OK[dialect]:
+            return None
         if kind == "constant":
             value = attrs[0][1]
             if dtype not in C_TYPES or (isinstance(value, float) and not math.isfinite(value)):
@@ -119,7 +164,8 @@ def body_lines(program, in_dtypes) -> tuple[list[str], str, str] | None:
             continue
         if not supported(kind, [dtypes[r] for r in refs], dtype):
             return None
-        lines.append(f"const {C_TYPES[dtype]} v{k} = {expression(kind, [names[r] for r in refs], dtype, dict(attrs))};")
+        expr = expression(kind, [names[r] for r in refs], dtype, dict(attrs), dialect)
+        lines.append(f"const {C_TYPES[dtype]} v{k} = {expr};")
         names.append(f"v{k}")
         dtypes.append(dtype)
     return lines, names[-1], dtypes[-1]
@@ -132,7 +178,7 @@ def kernel_source(program, in_dtypes) -> tuple[str, str, str] | None:
         return None
     lines, result, out_dtype = found
     params = ", ".join(f"{d} in{i}" for i, d in enumerate(in_dtypes))
-    return params, f"{out_dtype} out0", "\n".join([*lines, f"out0 = {result};"])
+    return params, f"{out_dtype} out0", "\n".join([*lines, f"out0 = {store(result, out_dtype, 'elementwise')};"])
 
 
 #: Threads per block of the vectorized kernels (their grid is a few blocks per SM).

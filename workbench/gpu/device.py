@@ -13,9 +13,10 @@ import numpy as np
 
 from workbench.errors import DeviceError, FeedError
 from workbench.graph.core import Graph
-from workbench.graph.fusion import fuse_elementwise
+from workbench.graph.step_fusion import fuse_step
 from workbench.gpu.codegen import supports_op
 from workbench.gpu.graphs import CudaCapture, PlanGraphs
+from workbench.gpu import conv_kernels, train_kernels
 from workbench.gpu.kernels import FusedKernels
 from workbench.ops import fused
 from workbench.ops.registry import cast_exactly
@@ -130,8 +131,10 @@ class GPU:
         with no Python per kernel. Plans with random ops and runs with
         ``check_numerics`` always run plainly, as does a plan whose capture
         failed once. See :mod:`workbench.gpu.graphs`. ``graph_replays`` counts replays.
-        Off by default: CuPy 14 refuses cuBLAS calls during stream capture, so
-        plans with a matmul fall back to plain runs (with the same results).
+        CuPy refuses cuBLAS calls during stream capture, so matmuls are captured
+        (and warmed up) through cuBLAS called directly (:mod:`workbench.gpu.blas`).
+        Off by default until that path is measured on a GPU; where capture fails
+        the plan runs plainly, with the reason in a ``graph_capture`` event.
     emulate : bool
         Run this code path on NumPy instead of CuPy (no GPU needed): for tests
         and dry runs of scripts meant for a GPU machine. No graphs are captured
@@ -159,7 +162,7 @@ class GPU:
         self.kernels = _shared_kernels(self.cupy)
         fused.register_compiler(self.kernels)
         if self.cuda_graphs:
-            self.capture = CudaCapture(self.cupy)
+            self.capture = CudaCapture(self.cupy, self.xp)  # with capturable cuBLAS for matmuls
 
     def __repr__(self) -> str:
         return f"<GPU {self.index}{' (emulated on NumPy)' if self.emulated else ''}>"
@@ -169,15 +172,16 @@ class GPU:
         """The graph a plan runs on this device: fused elementwise chains."""
         if not self.fuse:
             return graph
-        return fuse_elementwise(graph, keep=fetches, supported=supports_op)
+        return fuse_step(graph, keep=fetches, supported=supports_op)
 
-    def run_plan(self, plan, feed_values: list, check_numerics: bool = False) -> list:
-        """``plan.run(feed_values)``, replayed as a CUDA graph when ``cuda_graphs`` allows."""
+    def run_plan(self, plan, feed_values: list, check_numerics: bool = False, emit=None) -> list:
+        """``plan.run(feed_values)``, replayed as a CUDA graph when ``cuda_graphs`` allows;
+        ``emit(kind, **fields)`` hears why a plan is or is not captured."""
         if self.capture is None or not self.cuda_graphs:
             return plan.run(feed_values, check_numerics=check_numerics)
         graphs = self._graphs.get(id(plan))
         if graphs is None or graphs.plan is not plan:
-            graphs = self._graphs[id(plan)] = PlanGraphs(plan, self.capture)
+            graphs = self._graphs[id(plan)] = PlanGraphs(plan, self.capture, emit)
         return graphs.run(feed_values, check_numerics)
 
     @property
@@ -280,4 +284,6 @@ def _shared_kernels(cupy) -> FusedKernels:
     """One kernel cache (and registered compiler) per CuPy module, however many sessions open a GPU."""
     if id(cupy) not in _KERNELS:
         _KERNELS[id(cupy)] = FusedKernels(cupy)
+        train_kernels.register(cupy)  # fused_update, softmax_cross_entropy_with_grad
+        conv_kernels.register(cupy)  # conv2d and its gradients: im2col/col2im and one GEMM each
     return _KERNELS[id(cupy)]

@@ -24,13 +24,23 @@ A captured run is only correct while every address it baked in stays valid, so:
 - if capture raises for any reason, the session's state is put back, the run
   is done plainly, and that plan is never captured again.
 
+Each decision is reported through ``emit`` (a session's ``events.emit``) as a
+``graph_capture`` event: ``status`` ``"captured"`` (with the feed signature),
+``"skipped"`` (with the ``reason``: the obstacle, or why the capture failed) or
+``"dropped"`` (the variables were given new arrays).
+
 The CUDA specifics sit in :class:`CudaCapture`; the bookkeeping here takes any
-object with the same five methods, so it is tested on NumPy with a stand-in.
+object with the same five methods (and, optionally, ``warm(fn)``: run ``fn``
+plainly as it will be captured), so it is tested on NumPy with a stand-in.
+Matrix products are captured through :class:`workbench.gpu.blas.CapturableMatmul`.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+
+from workbench.graph.plan import written_variables
 
 
 def capture_obstacle(plan) -> str | None:
@@ -48,8 +58,8 @@ def capture_obstacle(plan) -> str | None:
 
 
 def signature(feeds) -> tuple:
-    """The cache key of a run: each feed's shape and dtype."""
-    return tuple((tuple(f.shape), str(f.dtype)) for f in feeds)
+    """The cache key of a run: each feed's shape and dtype (a dtype object: equal to its name)."""
+    return tuple([(f.shape, f.dtype) for f in feeds])
 
 
 @dataclass
@@ -73,10 +83,14 @@ class PlanGraphs:
         ``copy_into`` and ``copy``.
     """
 
-    def __init__(self, plan, capture):
+    def __init__(self, plan, capture, emit=None):
         self.plan, self.capture = plan, capture
+        self.emit = emit or _ignore
         self.obstacle = capture_obstacle(plan)  # set too when a capture fails: never retried
-        updated = [op.inputs[0].op.name for op in plan.step_ops if op.opdef.stateful and op.inputs]
+        if self.obstacle is not None:
+            self.emit("graph_capture", status="skipped", reason=self.obstacle, steps=len(plan))
+        self.warm = getattr(capture, "warm", None) or _run
+        updated = [name for op in plan.step_ops for name in written_variables(op)]
         self.names = list(dict.fromkeys(plan.variable_names + updated))
         self.graphs: dict[tuple, Captured] = {}
         self.ready: set[tuple] = set()  # signatures whose last plain run kept every variable's array
@@ -94,10 +108,11 @@ class PlanGraphs:
                 return self._replay(captured, feeds)
             del self.graphs[key]  # a variable was given a new array: warm up again
             self.ready.discard(key)
+            self.emit("graph_capture", status="dropped", reason="a variable was given a new array", signature=key)
         elif key in self.ready:
             return self._capture(key, feeds)
         before = self._variables()
-        values = self.plan.run(feeds)
+        values = self.warm(lambda: self.plan.run(feeds))
         if self._current(before):
             self.ready.add(key)
         else:
@@ -140,24 +155,59 @@ class PlanGraphs:
             plan._fresh.update(saved[1])
             plan.run_count = saved[2]
             self.obstacle = f"capture failed: {type(e).__name__}: {e}"
+            self.emit("graph_capture", status="skipped", reason=self.obstacle, steps=len(plan))
             return plan.run(feeds)
         self.captures += 1
+        self.emit("graph_capture", status="captured", signature=key, steps=len(plan))
         self.graphs[key] = captured = Captured(graph, inputs, outputs, before, pool)
         return [None if v is None else cap.copy(v) for v in captured.outputs]
 
 
-class CudaCapture:
-    """CUDA stream capture with CuPy: capture on a side stream, launch on the current one."""
+def _ignore(kind, **fields) -> None:
+    pass
 
-    def __init__(self, cupy):
-        self.cupy = cupy
+
+def _run(fn):
+    return fn()
+
+
+class CudaCapture:
+    """CUDA stream capture with CuPy: capture on a side stream, launch on the current one.
+
+    With ``xp`` (the namespace plans run with), its ``matmul`` is replaced during
+    warm-up runs and captures by a :class:`~workbench.gpu.blas.CapturableMatmul`
+    (cuBLAS on a handle with its own workspace); ``blas_error`` says why not when
+    cuBLAS cannot be loaded, and matmuls then refuse the capture as before.
+    """
+
+    def __init__(self, cupy, xp=None, matmul=None):
+        self.cupy, self.xp = cupy, xp
         self.stream = cupy.cuda.Stream(non_blocking=True)  # capture cannot use the legacy default stream
+        self.matmul, self.blas_error = matmul, None
+        if xp is not None and matmul is None:
+            from workbench.gpu.blas import CapturableMatmul
+
+            try:
+                self.matmul = CapturableMatmul(cupy, xp.matmul)
+            except (OSError, AttributeError, RuntimeError) as e:  # no cuBLAS symbols, or a failed call
+                self.blas_error = f"{type(e).__name__}: {e}"
+
+    def warm(self, fn):
+        """``fn()`` run plainly, with the products it will have when captured (their first calls
+        load cuBLAS kernels and pick algorithms, which a capture must not do)."""
+        if self.matmul is None:
+            return fn()
+        self.matmul.bind(self.cupy.cuda.get_current_stream().ptr)
+        with _replaced(self.xp, "matmul", self.matmul):
+            return fn()
 
     def capture(self, fn):
         """``(graph, fn(), pool)``: ``fn`` recorded, not run; its allocations come from ``pool``."""
         cp = self.cupy
         pool = cp.cuda.MemoryPool()
-        with cp.cuda.using_allocator(pool.malloc), self.stream:
+        if self.matmul is not None:
+            self.matmul.bind(self.stream.ptr)  # before the capture: setting a stream is not captured
+        with cp.cuda.using_allocator(pool.malloc), self.stream, _replaced(self.xp, "matmul", self.matmul):
             self.stream.begin_capture()
             try:
                 result = fn()
@@ -177,7 +227,22 @@ class CudaCapture:
         return self.cupy.empty(array.shape, array.dtype)
 
     def copy_into(self, dst, src) -> None:
-        self.cupy.copyto(dst, src)
+        # the namespace's copyto is one memcpy for arrays of one shape and dtype (see gpu/device.py)
+        (self.cupy if self.xp is None else self.xp).copyto(dst, src)
 
     def copy(self, array):
         return array.copy()
+
+
+@contextlib.contextmanager
+def _replaced(namespace, name: str, value):
+    """``namespace.name`` is ``value`` inside (nothing changes when either is None)."""
+    if namespace is None or value is None:
+        yield
+        return
+    saved = getattr(namespace, name)
+    setattr(namespace, name, value)
+    try:
+        yield
+    finally:
+        setattr(namespace, name, saved)

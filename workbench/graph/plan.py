@@ -117,6 +117,8 @@ class Plan:
                 return kernel(*args, rng=rng)
 
             return random_step
+        if opdef.writes is not None:
+            return self._bind_multi_update(op, kernel, guard)
         if opdef.stateful:
             return self._bind_update(op, kernel, guard)
         if donors:
@@ -161,6 +163,52 @@ class Plan:
             return value
 
         return inplace_update_step
+
+    def _bind_multi_update(self, op: Operation, kernel: Callable, guard: tuple[int, ...]) -> Callable:
+        """An update of several variables (``opdef.writes``): in place when every one of them may be
+        (as :meth:`_bind_update` decides for one), else new arrays for all of them."""
+        positions = op.opdef.writes(op.attrs, len(op.inputs))
+        names = [op.inputs[k].op.name for k in positions]
+        plan, state, fresh, single = self, self.state, self._fresh, len(op.outputs) == 1
+        inplace = None
+        if self.own_state and op.opdef.inplace is not None:
+            inplace = functools.partial(op.opdef.inplace, self.xp, None, **op.attrs)
+
+        def current(args) -> list:
+            args = list(args)
+            for k, name in zip(positions, names):
+                args[k] = state[name]  # an earlier update of this run may have replaced the read's array
+            return args
+
+        def in_place_ok(slots) -> bool:
+            held = None if plan._disjoint else list(state.values())
+            for name in names:
+                a = state[name]
+                if a is not fresh.get(name) or not _owned(a) or _shared(a, slots, guard):
+                    return False
+                if held is not None and _viewed(a, held, but=a):
+                    return False
+            return True
+
+        def replace(args):
+            values = tuple(kernel(*current(args)))  # fused_update's kernels return a tuple, one or more
+            for name, value in zip(names, values):
+                state[name] = value
+                if inplace is not None:
+                    fresh[name] = value
+            plan._disjoint = False
+            return values[0] if single else values
+
+        if inplace is None:
+            return lambda *args: replace(args)
+
+        def multi_update_step(slots, *args):
+            if in_place_ok(slots):
+                values = inplace(*current(args))
+                return values[0] if single else values
+            return replace(args)
+
+        return multi_update_step
 
     @property
     def variable_names(self) -> list[str]:
@@ -233,6 +281,13 @@ def kernel_error(op: Operation, error: Exception) -> ExecutionError:
     """The ExecutionError for ``op``'s kernel failing with ``error``: the op, the error and the user's line."""
     where = f"\n  {op.source}" if op.source else ""
     return ExecutionError(f"{op.type} {op.name!r} failed: {type(error).__name__}: {error}{where}", op=op.name)
+
+
+def written_variables(op: Operation) -> list[str]:
+    """Names of the variables a stateful op writes (none for other ops)."""
+    if op.opdef.writes is not None:
+        return [op.inputs[k].op.name for k in op.opdef.writes(op.attrs, len(op.inputs))]
+    return [op.inputs[0].op.name] if op.opdef.stateful and op.inputs else []
 
 
 def _nothing(slots) -> tuple:

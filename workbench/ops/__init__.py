@@ -66,6 +66,7 @@ from workbench.ops.nn import (
 )
 from workbench.ops.registry import REGISTRY, OpDef, TensorSpec, apply, get_op
 from workbench.ops import fused as _fused  # noqa: E402, F401 - registers fused_elementwise
+from workbench.ops import fused_train as _fused_train  # noqa: E402, F401 - registers fused_update, softmax_cross_entropy_with_grad
 from workbench.ops.state import assign, assign_add, assign_sub, constant, placeholder, variable
 
 #: The op functions users call (``wb.matmul`` ...), by name.

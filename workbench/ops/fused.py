@@ -42,6 +42,28 @@ def register_compiler(compiler: Callable) -> None:
         COMPILERS.append(compiler)
 
 
+#: op type -> functions ``compiler(xp, arrays, attrs)`` returning a faster callable for these
+#: arrays, or None (another namespace, an unsupported dtype or layout); tried in order. Ops whose
+#: kernels ask :func:`device_kernel` first (the fused training-step ops, convolutions) use them.
+DEVICE_KERNELS: dict[str, list[Callable]] = {}
+
+
+def register_device_kernel(op_type: str, compiler: Callable) -> None:
+    """Add a device kernel compiler for ``op_type`` (once; the same function again does nothing)."""
+    found = DEVICE_KERNELS.setdefault(op_type, [])
+    if compiler not in found:
+        found.append(compiler)
+
+
+def device_kernel(op_type: str, xp, arrays, attrs: dict):
+    """The first registered device kernel that takes ``arrays``, or None."""
+    for compiler in DEVICE_KERNELS.get(op_type, ()):
+        found = compiler(xp, arrays, attrs)
+        if found is not None:
+            return found
+    return None
+
+
 def step_values(program, input_specs, infer) -> list:
     """Walk ``program`` with ``infer(op_type, arg_values, attrs, dtype)``; returns every value."""
     values = list(input_specs)
@@ -57,7 +79,7 @@ def step_values(program, input_specs, infer) -> list:
     return values
 
 
-def _infer_step(kind, args, attrs, dtype):
+def infer_step(kind, args, attrs, dtype):
     if kind == "constant":
         return TensorSpec((), dtype)
     spec = REGISTRY[kind].infer(*args, **attrs)
@@ -69,18 +91,23 @@ def _infer_step(kind, args, attrs, dtype):
 def _fused_spec(*specs: TensorSpec, program) -> TensorSpec:
     if not program:
         raise ShapeError("a fused program needs at least one step")
-    return step_values(program, specs, _infer_step)[-1]
+    return step_values(program, specs, infer_step)[-1]
 
 
-def run_program(xp, program, arrays):
-    """Compute ``program`` step by step with each op's registered kernel."""
+def program_values(xp, program, arrays) -> list:
+    """Every value of ``program`` run step by step with each op's registered kernel: inputs, then steps."""
     values = list(arrays)
     for kind, refs, attrs, dtype in program:
         if kind == "constant":
             values.append(xp.asarray(attrs[0][1], dtype=getattr(xp, dtype)))
         else:
             values.append(REGISTRY[kind].kernel(xp, *[values[r] for r in refs], **dict(attrs)))
-    return values[-1]
+    return values
+
+
+def run_program(xp, program, arrays):
+    """Compute ``program`` step by step with each op's registered kernel."""
+    return program_values(xp, program, arrays)[-1]
 
 
 def _fused_kernel(xp, *arrays, program):

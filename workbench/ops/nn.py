@@ -5,6 +5,7 @@ from __future__ import annotations
 from workbench.errors import DTypeError, GradientError, ShapeError
 from workbench.ops import rules
 from workbench.ops.array import check_indices
+from workbench.ops.fused import device_kernel
 from workbench.ops.math import exp, sum
 from workbench.ops.registry import INTS, TensorSpec, apply, defop
 
@@ -214,12 +215,18 @@ def _im2col(xp, x, kernel, stride, padding):
 
 
 def _conv_kernel(xp, x, w, *, stride, padding):
+    fast = device_kernel("conv2d", xp, (x, w), {"stride": stride, "padding": padding})
+    if fast is not None:  # a device's generated kernels (see workbench.gpu.conv_kernels)
+        return fast(x, w)
     cols, ho, wo = _im2col(xp, x, w.shape[2:], stride, padding)
     out = xp.matmul(xp.reshape(w, (w.shape[0], -1)), cols)  # (N, O, Ho*Wo)
     return xp.reshape(out, (x.shape[0], w.shape[0], ho, wo))
 
 
 def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
+    fast = device_kernel("conv2d_input_grad", xp, (g, x, w), {"stride": stride, "padding": padding})
+    if fast is not None:
+        return fast(g, x, w)
     o, c, kh, kw = w.shape
     n = g.shape[0]
     cols = xp.matmul(xp.matrix_transpose(xp.reshape(w, (o, -1))), xp.reshape(g, (n, o, -1)))  # (N, C*kh*kw, Ho*Wo)
@@ -229,6 +236,9 @@ def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
 
 
 def _conv_filter_grad_kernel(xp, x, g, w, *, stride, padding):
+    fast = device_kernel("conv2d_filter_grad", xp, (x, g, w), {"stride": stride, "padding": padding})
+    if fast is not None:
+        return fast(x, g, w)
     cols, _, _ = _im2col(xp, x, w.shape[2:], stride, padding)
     n, o = g.shape[:2]
     per_example = xp.matmul(xp.reshape(g, (n, o, -1)), xp.matrix_transpose(cols))  # (N, O, C*kh*kw)

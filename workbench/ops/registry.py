@@ -16,6 +16,9 @@ An op is registered once with :func:`defop`:
 - ``checks_values=True`` marks a kernel that reads values on the host to check them
   (indices in range): on a GPU that is a device-to-host sync, and such a plan is never
   captured as a CUDA graph (a replay would skip the check).
+- ``writes(attrs, n_inputs)``, optional, for a stateful op that updates several
+  variables at once: the input position of the variable each output is written
+  into (a plain update writes its input 0).
 
 Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
 at import time. The registry knows nothing of graphs: op functions reach the graph
@@ -55,6 +58,9 @@ class OpDef:
     variadic: bool = False  # takes any number of inputs (concat, stack, group)
     inplace: Callable[..., Any] | None = None  # inplace(xp, out, *arrays, **attrs): kernel's result written into out
     checks_values: bool = False  # the kernel reads its inputs' values on the host (index checks)
+    # an update of several variables: writes(attrs, n_inputs) gives the input position of the variable
+    # each output is written into; kernel returns the new values, inplace(xp, None, ...) writes them there
+    writes: Callable[..., tuple] | None = None
 
     @property
     def differentiable(self) -> bool:
