@@ -30,6 +30,8 @@ import numpy as np
 
 import workbench as wb
 from workbench import datasets
+from workbench.widgets import snapshots
+from workbench.widgets._base import Snapshot
 from workbench.widgets.throttle import Throttle
 
 ACTIVATIONS = {"relu": wb.relu, "tanh": wb.tanh, "sigmoid": wb.sigmoid, "linear": wb.identity}
@@ -313,7 +315,7 @@ def loss_svg(history: list[dict[str, float]], width: int = 300, height: int = 90
 # -- the app ---------------------------------------------------------------------------------------
 
 
-class Playground(widgets.VBox):
+class Playground(Snapshot, widgets.VBox):
     """The playground app: controls on the left, the decision boundary and loss curves on the right.
 
     Parameters
@@ -374,6 +376,7 @@ class Playground(widgets.VBox):
         if self._thread is not None:
             self._thread.join(timeout)
         self._play_button.description, self._play_button.icon = "Play", "play"
+        self.refresh_snapshot()
 
     def step(self, n: int | None = None) -> dict[str, float]:
         """Run ``n`` training steps (one epoch by default) and redraw."""
@@ -443,6 +446,14 @@ class Playground(widgets.VBox):
             self.curves.value = loss_svg(history, width=self.size)
             self.status.value = _status_html(record, epoch, self._message)
             self.draws += 1
+        if not self.playing:  # not from the training thread: the saved picture follows
+            self.refresh_snapshot()
+
+    def snapshot_state(self):
+        return self.image.value, self.curves.value, self.status.value
+
+    def render_snapshot(self, state) -> str:
+        return snapshots.playground_svg(state[0], self.size, *state[1:])
 
     # -- controls ----------------------------------------------------------------------------
     def _buttons(self) -> widgets.HBox:
