@@ -18,6 +18,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+import dask.config
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -108,11 +109,19 @@ class FlowMagics(Magics):
     @magic_arguments()
     @argument("target", nargs="?", default=None,
               help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), "
-                   "'close' to shut the default down, or nothing for its status")  # fmt: skip
+                   "'close' to let the default go, or nothing for the configured default "
+                   "(workbench.cluster.address; the current default when one is set)")  # fmt: skip
     @argument("-n", "--workers", type=int, default=None, help="workers of a local cluster")
     @line_magic
     def flow_cluster(self, line: str):
-        """Set (or show, or close) the Dask cluster that new sessions use by default."""
+        """Set (or show, or close) the Dask cluster that new sessions use by default.
+
+        With no argument: the default cluster if one is set, else the configured one
+        (Dask's ``workbench.cluster.address``, e.g. ``DASK_WORKBENCH__CLUSTER__ADDRESS``:
+        ``"local"`` or a scheduler address), so a shared notebook runs on whatever
+        cluster its reader configured. ``close`` closes a local cluster this notebook
+        started; a cluster reached by address is only disconnected and keeps running.
+        """
         args = parse_argstring(self.flow_cluster, line)
         if args.workers is not None and args.workers < 1:
             raise UsageError(f"-n needs a positive number of workers, got {args.workers}")
@@ -121,16 +130,17 @@ class FlowMagics(Magics):
         from workbench.widgets import ClusterView
 
         if args.target == "close":
-            wb_cluster.close_default()
-            return ClusterView(None, message="default cluster closed")
+            return ClusterView(None, message=wb_cluster.close_default() or "no default cluster to close")
         if args.target is None and args.workers is None:
             client = wb_cluster.default_client()
-            if client is None:
-                return ClusterView(None, message="no default cluster: %flow_cluster local, or a scheduler address")
-            return ClusterView(wb_cluster.info(client))
-        target = args.target or "local"
+            if client is not None:
+                return ClusterView(wb_cluster.info(client))
+        target = args.target or ("local" if args.workers is not None else dask.config.get("workbench.cluster.address", "local"))
         if target != "local" and "://" not in target:
-            raise UsageError(f"%flow_cluster: {target!r} is not 'local', 'close' or a scheduler address like tcp://host:8786")
+            origin = "" if args.target else " (from workbench.cluster.address)"
+            raise UsageError(
+                f"%flow_cluster: {target!r}{origin} is not 'local', 'close' or a scheduler address like tcp://host:8786"
+            )
         try:
             client = wb_cluster.set_default(target, n_workers=args.workers)
         except WorkbenchError as e:

@@ -167,12 +167,25 @@ def default_client():
     return _default["client"]
 
 
-def close_default() -> None:
-    """Close the default client (and the local cluster it started)."""
+def close_default() -> str | None:
+    """Let the default cluster go; returns what that did (None when there was none).
+
+    A local cluster that :func:`set_default` started is shut down; a cluster reached
+    by its address is only disconnected from (it keeps running for its other users),
+    and a Client that was passed in is left open for its owner.
+    """
     client, owned = _default["client"], _default["owned"]
     _default.update(client=None, owned=False)
-    if client is not None and owned:
-        close(client)
+    if client is None:
+        return None
+    address = getattr(client.scheduler, "address", None) or "the scheduler"
+    if not owned:
+        return f"no default cluster now; the client for {address} stays open"
+    started = getattr(client, "cluster", None) is not None
+    close(client)
+    if started:
+        return f"default cluster closed: the local cluster at {address} is shut down"
+    return f"disconnected from {address}; that cluster keeps running"
 
 
 def close(client) -> None:
