@@ -53,7 +53,7 @@ class DaskProcesses:
         port = free_port()
         served = ["--dashboard-address", f"127.0.0.1:{dashboard}"] if dashboard else ["--no-dashboard"]
         preloads = [arg for module in preload for arg in ("--preload", module)]
-        self.start("scheduler", "scheduler", "--protocol", protocol, "--host", "127.0.0.1", "--port", str(port),
+        self.start(f"scheduler-{port}", "scheduler", "--protocol", protocol, "--host", "127.0.0.1", "--port", str(port),
                    *served, *preloads, *tls)  # fmt: skip
         return f"{protocol}://127.0.0.1:{port}"
 
@@ -65,7 +65,8 @@ class DaskProcesses:
         """A client once ``workers`` workers are up (the processes' logs in the error if they never are)."""
         try:
             client = wb.cluster.connect(address, timeout=30, **kw)
-            client.wait_for_workers(workers, timeout=60)
+            if workers:
+                client.wait_for_workers(workers, timeout=60)
         except Exception as e:  # noqa: BLE001 - show the processes' own logs
             raise AssertionError(f"cluster at {address} did not come up: {e}\n{self.log()}") from e
         return client

@@ -134,7 +134,7 @@ class FlowMagics(Magics):
         if args.target is None and args.workers is None:
             client = wb_cluster.default_client()
             if client is not None:
-                return ClusterView(wb_cluster.info(client))
+                return _cluster_view(client)
         target = args.target or ("local" if args.workers is not None else dask.config.get("workbench.cluster.address", "local"))
         if target != "local" and "://" not in target:
             origin = "" if args.target else " (from workbench.cluster.address)"
@@ -145,7 +145,20 @@ class FlowMagics(Magics):
             client = wb_cluster.set_default(target, n_workers=args.workers)
         except WorkbenchError as e:
             raise _short(e, [f"{type(e).__name__}: {e}"]) from None
-        return ClusterView(wb_cluster.info(client), message=f"new sessions run on {target}")
+        return _cluster_view(client, message=f"new sessions run on {target}")
+
+
+def _cluster_view(client, message: str = ""):
+    """The ClusterView of ``client``'s cluster, saying whether its dashboard has the Workbench page
+    (and why not); fits on it send their progress there from now on."""
+    from workbench.dashboard import forward
+    from workbench.dashboard.status import dashboard_info
+    from workbench.widgets import ClusterView
+
+    info = wb_cluster.info(client)
+    info.update(dashboard_info(client, info.get("dashboard") or ""))
+    forward()
+    return ClusterView(info, message=message)
 
 
 def _bind(graph: Graph, namespace: dict, before: dict) -> list[str]:

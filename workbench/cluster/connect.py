@@ -11,6 +11,9 @@ or ``dask.config.set({"workbench.cluster.address": ...})``. Keys (all optional):
 - ``workbench.cluster.n-workers``: workers of the local cluster (default: the CPU count, or one per GPU);
 - ``workbench.cluster.timeout``: how long to wait for a scheduler (default ``"10s"``);
 - ``workbench.cluster.dashboard-address``: where a local cluster serves its dashboard (default ``":0"``).
+
+A local cluster's scheduler loads :data:`PRELOAD` (the Workbench page of its dashboard
+and the training monitor); other schedulers load it with ``--preload``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import dask
 import dask.config
 
 from workbench.errors import ClusterError
+
+PRELOAD = "workbench.dashboard.preload"  # scheduler preload: the dashboard's Workbench page, training metrics
 
 BLAS_ENV = {
     "OMP_NUM_THREADS": "1",
@@ -55,6 +60,10 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     """
     gpus = gpu_count()
     dashboard = kwargs.pop("dashboard_address", config("dashboard-address", ":0"))
+    scheduler_kwargs = dict(kwargs.pop("scheduler_kwargs", None) or {})
+    preload = list(scheduler_kwargs.get("preload") or dask.config.get("distributed.scheduler.preload", None) or [])
+    scheduler_kwargs["preload"] = preload if PRELOAD in preload else [*preload, PRELOAD]
+    kwargs["scheduler_kwargs"] = scheduler_kwargs
     if gpus:
         try:
             from dask_cuda import LocalCUDACluster

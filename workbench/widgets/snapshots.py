@@ -180,6 +180,8 @@ def cluster_svg(info: dict | None, message: str = "") -> str:
     lines = [message] if message else []
     if info.get("dashboard"):
         lines.append(f"dashboard: {info['dashboard']}")
+    if info.get("workbench_page"):
+        lines.append(f"training page: {info['workbench_page']}")
     if info.get("dashboard_note"):
         lines.append(info["dashboard_note"])
     body = [element("text", head, x=8, y=16, font_weight="600", fill=INK)]
