@@ -108,7 +108,7 @@ class FlowMagics(Magics):
 
     @magic_arguments()
     @argument("target", nargs="?", default=None,
-              help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), "
+              help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), 'gateway', "
                    "'close' to let the default go, or nothing for the configured default "
                    "(workbench.cluster.address; the current default when one is set)")  # fmt: skip
     @argument("-n", "--workers", type=int, default=None, help="workers of a local cluster")
@@ -136,7 +136,7 @@ class FlowMagics(Magics):
             if client is not None:
                 return _cluster_view(client)
         target = args.target or ("local" if args.workers is not None else dask.config.get("workbench.cluster.address", "local"))
-        if target != "local" and "://" not in target:
+        if target not in ("local", "gateway") and "://" not in target:
             origin = "" if args.target else " (from workbench.cluster.address)"
             raise UsageError(
                 f"%flow_cluster: {target!r}{origin} is not 'local', 'close' or a scheduler address like tcp://host:8786"

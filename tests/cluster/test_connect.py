@@ -250,3 +250,69 @@ def test_values_are_numpy_after_a_local_fit(kit):
     sess = wb.Session(m["graph"], cluster=False)
     sess.fit(m["train"], kit.blobs(), batch_size=8, steps=1)
     assert all(isinstance(v, np.ndarray) for v in sess.variables.values())
+
+
+# -- dask-gateway, through the configuration ------------------------------------------------------
+
+
+class FakeGatewayCluster:
+    """What dask_gateway.GatewayCluster offers workbench: a client, and close() that shuts down only
+    the clusters this client started."""
+
+    def __init__(self, name: str, started: bool, log: list):
+        self.name, self.shutdown_on_close, self.log = name, started, log
+
+    def get_client(self, set_as_default=True):
+        client = type("Client", (), {})()
+        client.cluster, client.scheduler = self, type("Rpc", (), {"address": f"gateway://gw:80/{self.name}"})()
+        client.close = lambda: self.log.append(("client closed", self.name))
+        self.log.append(("client", self.name, set_as_default))
+        return client
+
+    def close(self):
+        self.log.append(("shut down" if self.shutdown_on_close else "left running", self.name))
+
+
+@pytest.fixture
+def fake_gateway(monkeypatch):
+    import sys
+    import types
+
+    log = []
+
+    class Gateway:
+        def connect(self, name):
+            if name == "missing":
+                raise ValueError(f"no cluster named {name!r}")
+            return FakeGatewayCluster(name, started=False, log=log)
+
+        def new_cluster(self):
+            return FakeGatewayCluster("new-1", started=True, log=log)
+
+    monkeypatch.setitem(sys.modules, "dask_gateway", types.SimpleNamespace(Gateway=Gateway))
+    return log
+
+
+def test_gateway_address_reaches_a_named_cluster_and_leaves_it_running(fake_gateway):
+    with dask.config.set({"workbench.cluster.address": "gateway", "workbench.cluster.gateway-cluster": "team-a"}):
+        client = wb.cluster.set_default()
+    assert client.cluster.name == "team-a" and ("client", "team-a", False) in fake_gateway
+    message = wb.cluster.close_default()
+    assert message == "disconnected from gateway://gw:80/team-a; that cluster keeps running"
+    assert ("left running", "team-a") in fake_gateway
+
+
+def test_gateway_without_a_name_starts_a_cluster_and_shuts_it_down(fake_gateway):
+    with dask.config.set({"workbench.cluster.address": "gateway"}):
+        wb.cluster.set_default()
+    assert "is shut down" in wb.cluster.close_default()
+    assert fake_gateway[-1] == ("shut down", "new-1")
+
+
+def test_gateway_errors_are_cluster_errors(fake_gateway, monkeypatch):
+    with dask.config.set({"workbench.cluster.gateway-cluster": "missing"}):
+        with pytest.raises(wb.ClusterError, match="cannot get cluster 'missing' from the dask-gateway: ValueError"):
+            wb.cluster.connect("gateway")
+    monkeypatch.setitem(__import__("sys").modules, "dask_gateway", None)
+    with pytest.raises(wb.ClusterError, match="needs dask-gateway"):
+        wb.cluster.connect("gateway")

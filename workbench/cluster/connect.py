@@ -7,7 +7,11 @@ another cluster without editing it::
 
 or ``dask.config.set({"workbench.cluster.address": ...})``. Keys (all optional):
 
-- ``workbench.cluster.address``: ``"local"`` (default) or a scheduler address;
+- ``workbench.cluster.address``: ``"local"`` (default), a scheduler address, or ``"gateway"``
+  for a dask-gateway cluster (its gateway, authentication and options from dask-gateway's own
+  ``gateway.*`` configuration);
+- ``workbench.cluster.gateway-cluster``: the name of a running dask-gateway cluster to use
+  (default: start one, shut down when its client closes);
 - ``workbench.cluster.n-workers``: workers of the local cluster (default: the CPU count, or one per GPU);
 - ``workbench.cluster.timeout``: how long to wait for a scheduler (default ``"10s"``);
 - ``workbench.cluster.dashboard-address``: where a local cluster serves its dashboard (default ``":0"``).
@@ -95,8 +99,9 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
     ----------
     cluster : Client, str, or None
         A client (used as is), a scheduler address (``"tcp://host:8786"``,
-        ``"tls://..."``), ``"local"`` for an embedded cluster, or None for the
-        configured default (``workbench.cluster.address``, default ``"local"``).
+        ``"tls://..."``), ``"local"`` for an embedded cluster, ``"gateway"`` for a
+        dask-gateway cluster, or None for the configured default
+        (``workbench.cluster.address``, default ``"local"``).
     security : distributed.Security, optional
         Certificates for ``tls://`` addresses.
     timeout : seconds or a Dask time string, optional
@@ -114,6 +119,8 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
         raise ClusterError(f"cannot use {cluster!r} as a cluster: pass a distributed.Client, an address or 'local'")
     if cluster == "local":
         return Client(local_cluster(n_workers), set_as_default=False)
+    if cluster == "gateway":
+        return gateway_client()
     if "://" not in cluster:
         raise ClusterError(f"cluster address {cluster!r} needs a protocol, e.g. 'tcp://{cluster}'")
     timeout = timeout if timeout is not None else config("timeout", "10s")
@@ -128,6 +135,24 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
     # later, inside another client's start, its close waits on that start's lock for a minute.
     gc.collect()
     raise error
+
+
+def gateway_client():
+    """A client of a dask-gateway cluster: the running one named by ``workbench.cluster.gateway-cluster``,
+    or a new one. The gateway's address, authentication and cluster options come from dask-gateway's
+    configuration (``gateway.address``, ``gateway.auth.type``, ``gateway.cluster.options``)."""
+    try:
+        from dask_gateway import Gateway
+    except ImportError as e:
+        raise ClusterError("workbench.cluster.address 'gateway' needs dask-gateway (pip install dask-gateway)") from e
+    name = config("gateway-cluster")
+    try:
+        gateway = Gateway()
+        cluster = gateway.connect(name) if name else gateway.new_cluster()
+        return cluster.get_client(set_as_default=False)
+    except (OSError, ValueError) as e:  # unreachable gateway, unknown cluster name
+        target = f"cluster {name!r}" if name else "a new cluster"
+        raise ClusterError(f"cannot get {target} from the dask-gateway: {type(e).__name__}: {e}") from e
 
 
 def info(client) -> dict:
@@ -190,10 +215,12 @@ def close_default() -> str | None:
     address = getattr(client.scheduler, "address", None) or "the scheduler"
     if not owned:
         return f"no default cluster now; the client for {address} stays open"
-    started = getattr(client, "cluster", None) is not None
+    cluster = getattr(client, "cluster", None)
+    # a cluster object this process started (LocalCluster, or a new dask-gateway cluster) goes with it
+    shut_down = cluster is not None and getattr(cluster, "shutdown_on_close", True)
     close(client)
-    if started:
-        return f"default cluster closed: the local cluster at {address} is shut down"
+    if shut_down:
+        return f"default cluster closed: the cluster started for it at {address} is shut down"
     return f"disconnected from {address}; that cluster keeps running"
 
 

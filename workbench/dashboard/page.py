@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 
 from bokeh.layouts import column, row
-from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool
+from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool, Legend, LegendItem
 from bokeh.plotting import figure
 
 from workbench.dashboard.monitor import NAME
@@ -49,12 +49,11 @@ class FitPanel:
         self.loss = figure(title="loss", height=260, width=420, x_axis_label="step", tools="pan,wheel_zoom,reset")
         self.loss.line("step", "loss", source=self.loss_source, line_width=2, color="#1f77b4")
         self.tasks = ColumnDataSource({k: [] for k in ("worker", "left", "right", "phase", "step", "color", "ms")})
-        self.timeline = figure(title="phases of the last steps, per worker", height=260, width=620,
+        self.timeline = figure(title="phases of the last steps, per worker", height=290, width=620,
                                y_range=FactorRange(), x_axis_label="seconds", tools="pan,wheel_zoom,reset")  # fmt: skip
-        self.timeline.hbar(y="worker", left="left", right="right", height=0.7, color="color", legend_field="phase",
-                           source=self.tasks)  # fmt: skip
-        self.timeline.legend.location = "top_left"
-        self.timeline.legend.orientation = "horizontal"
+        bars = self.timeline.hbar(y="worker", left="left", right="right", height=0.7, color="color", source=self.tasks)
+        legend = Legend(items=[LegendItem(label={"field": "phase"}, renderers=[bars])], orientation="horizontal")
+        self.timeline.add_layout(legend, "below")
         self.timeline.add_tools(HoverTool(tooltips=[("", "@phase, step @step"), ("time", "@ms{0.0} ms"), ("worker", "@worker")]))
         self.root = column(self.title, row(self.loss, self.timeline), sizing_mode="stretch_width")
 
