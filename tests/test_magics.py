@@ -1,5 +1,6 @@
 """The %%flow and %flow_cluster magics in a real IPython shell, and in a real kernel (slow)."""
 
+import dask
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
@@ -155,7 +156,8 @@ def fake_cluster(monkeypatch):
 
     def close_default():
         calls.append(("close_default",))
-        state["client"] = None
+        had, state["client"] = state["client"], None
+        return "disconnected from tcp://127.0.0.1:1; that cluster keeps running" if had else None
 
     monkeypatch.setattr(wb_cluster, "set_default", set_default)
     monkeypatch.setattr(wb_cluster, "close_default", close_default)
@@ -165,16 +167,34 @@ def fake_cluster(monkeypatch):
 
 
 def test_flow_cluster_sets_shows_and_closes_the_default(ip, fake_cluster):
-    view = ip.run_line_magic("flow_cluster", "")
-    assert isinstance(view, ClusterView) and view.info is None and "no default cluster" in view.message
     view = ip.run_line_magic("flow_cluster", "local -n 2")
     assert fake_cluster[-1] == ("set_default", "local", {"n_workers": 2})
     assert view.info["dashboard"] == "http://127.0.0.1:2/status"
     assert ip.run_line_magic("flow_cluster", "").info["workers"][0]["threads"] == 1
     ip.run_line_magic("flow_cluster", "tcp://10.0.0.1:8786")
     assert fake_cluster[-1] == ("set_default", "tcp://10.0.0.1:8786", {"n_workers": None})
-    assert ip.run_line_magic("flow_cluster", "close").info is None
+    view = ip.run_line_magic("flow_cluster", "close")
+    assert view.info is None and "keeps running" in view.message
     assert fake_cluster[-1] == ("close_default",)
+    assert "no default cluster" in ip.run_line_magic("flow_cluster", "close").message
+
+
+@pytest.mark.parametrize("configured, expected", [(None, "local"), ("local", "local"), ("tcp://10.0.0.2:8786", "tcp://10.0.0.2:8786")])
+def test_flow_cluster_without_argument_uses_the_configured_default(ip, fake_cluster, configured, expected):
+    with dask.config.set({"workbench.cluster.address": configured} if configured else {}):
+        view = ip.run_line_magic("flow_cluster", "")
+        assert fake_cluster[-1] == ("set_default", expected, {"n_workers": None})
+        assert view.info["workers"][0]["threads"] == 1 and expected in view.message
+        ip.run_line_magic("flow_cluster", "")  # a default is set now: shown, not replaced
+        assert len(fake_cluster) == 1
+        ip.run_line_magic("flow_cluster", "-n 3")  # -n: a local cluster of that size
+        assert fake_cluster[-1] == ("set_default", "local", {"n_workers": 3})
+
+
+def test_flow_cluster_with_a_bad_configured_address(ip, fake_cluster):
+    with dask.config.set({"workbench.cluster.address": "scheduler:8786"}):
+        with pytest.raises(UsageError, match="'scheduler:8786' \\(from workbench.cluster.address\\) is not"):
+            ip.run_line_magic("flow_cluster", "")
 
 
 def test_flow_cluster_reports_an_unreachable_scheduler_briefly(ip, monkeypatch):

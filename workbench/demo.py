@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 import workbench as wb
+from workbench.dashboard import forward
 
 NUM_CLASSES = 10
 
@@ -139,6 +140,7 @@ def _cluster(args: argparse.Namespace):
     if getattr(args, "client", None) is None:
         started = time.perf_counter()
         args.client = wb.cluster.connect("local", n_workers=args.workers)
+        forward()  # the fits below show on the dashboard's Workbench page
         print(
             f"local Dask cluster: {args.workers} worker processes, 1 thread each, "
             f"started in {time.perf_counter() - started:.1f} s; dashboard {args.client.dashboard_link}",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+import dask.config
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -123,15 +124,23 @@ class FlowMagics(Magics):
 
     @magic_arguments()
     @argument("target", nargs="?", default=None,
-              help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), "
-                   "'close' to shut the default down, or nothing for its status")  # fmt: skip
+              help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), 'gateway', "
+                   "'close' to let the default go, or nothing for the configured default "
+                   "(workbench.cluster.address; the current default when one is set)")  # fmt: skip
     @argument("-n", "--workers", type=int, default=None, help="workers of a local cluster")
     @argument("-s", "--security", default=None,
               help="the name of a distributed.Security in the notebook (certificates for tls:// addresses; "
                    "default: Dask's distributed.comm.tls.* configuration)")  # fmt: skip
     @line_magic
     def flow_cluster(self, line: str):
-        """Set (or show, or close) the Dask cluster that new sessions use by default."""
+        """Set (or show, or close) the Dask cluster that new sessions use by default.
+
+        With no argument: the default cluster if one is set, else the configured one
+        (Dask's ``workbench.cluster.address``, e.g. ``DASK_WORKBENCH__CLUSTER__ADDRESS``:
+        ``"local"`` or a scheduler address), so a shared notebook runs on whatever
+        cluster its reader configured. ``close`` closes a local cluster this notebook
+        started; a cluster reached by address is only disconnected and keeps running.
+        """
         args = parse_argstring(self.flow_cluster, line)
         security = self._security(args.security)
         if args.workers is not None and args.workers < 1:
@@ -141,22 +150,36 @@ class FlowMagics(Magics):
         from workbench.widgets import ClusterView
 
         if args.target == "close":
-            wb_cluster.close_default()
-            return ClusterView(None, message="default cluster closed")
+            return ClusterView(None, message=wb_cluster.close_default() or "no default cluster to close")
         if args.target is None and args.workers is None:
             client = wb_cluster.default_client()
-            if client is None:
-                return ClusterView(None, message="no default cluster: %flow_cluster local, or a scheduler address")
-            return ClusterView(wb_cluster.info(client))
-        target = args.target or "local"
-        if target != "local" and "://" not in target:
-            raise UsageError(f"%flow_cluster: {target!r} is not 'local', 'close' or a scheduler address like tcp://host:8786")
+            if client is not None:
+                return _cluster_view(client)
+        target = args.target or ("local" if args.workers is not None else dask.config.get("workbench.cluster.address", "local"))
+        if target not in ("local", "gateway") and "://" not in target:
+            origin = "" if args.target else " (from workbench.cluster.address)"
+            raise UsageError(
+                f"%flow_cluster: {target!r}{origin} is not 'local', 'close' or a scheduler address like tcp://host:8786"
+            )
         try:
             options = {} if security is None else {"security": security}
             client = wb_cluster.set_default(target, n_workers=args.workers, **options)
         except WorkbenchError as e:
             raise _short(e, [f"{type(e).__name__}: {e}"]) from None
-        return ClusterView(wb_cluster.info(client), message=f"new sessions run on {target}")
+        return _cluster_view(client, message=f"new sessions run on {target}")
+
+
+def _cluster_view(client, message: str = ""):
+    """The ClusterView of ``client``'s cluster, saying whether its dashboard has the Workbench page
+    (and why not); fits on it send their progress there from now on."""
+    from workbench.dashboard import forward
+    from workbench.dashboard.status import dashboard_info
+    from workbench.widgets import ClusterView
+
+    info = wb_cluster.info(client)
+    info.update(dashboard_info(client, info.get("dashboard") or ""))
+    forward()
+    return ClusterView(info, message=message)
 
 
 def _bind(graph: Graph, namespace: dict, before: dict) -> list[str]:

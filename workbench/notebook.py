@@ -34,6 +34,10 @@ def install(stream: EventStream = ROOT, display: Callable[[Any], Any] | None = N
     uninstall()
     _hook["display"] = display
     _hook["unsubscribe"] = stream.subscribe(lambda event: _on_event(stream, event))
+    if stream is ROOT:
+        from workbench.dashboard import forward
+
+        forward(stream)  # fits on a cluster also show on its dashboard's Workbench page
 
 
 def install_if_kernel() -> bool:

@@ -1,4 +1,5 @@
-"""The quickstart notebook run in JupyterLab in headless Chromium: the views render and update.
+"""The quickstart notebook run in JupyterLab in headless Chromium: the views render and update;
+and the Dask dashboard's Workbench page following a fit on a local cluster.
 
 Starts JupyterLab on 127.0.0.1 (a free port, a random token, a temporary root
 and settings folder), opens the quickstart, runs every cell, checks the graph
@@ -31,6 +32,7 @@ CHROMIUM = "/usr/bin/chromium"
 REPO = pathlib.Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "notebooks" / "quickstart.ipynb"
 README_SCREENSHOT = REPO / "docs" / "screenshot.png"
+README_DASHBOARD = REPO / "docs" / "dashboard.png"
 
 
 def launch(pw, chromium: str):
@@ -468,3 +470,66 @@ def test_playground_draws_the_network_and_updates_it_live(lab, tmp_path):
         app.locator("button", has_text="Step").click()
         page.wait_for_timeout(1000)
         page.screenshot(path=str(tmp_path / "playground-trained.png"))
+
+
+def test_dashboard_workbench_page_follows_a_fit(tmp_path):
+    """The Workbench page of a local cluster's dashboard, opened in Chromium while the digits MLP trains
+    on two workers: the fit's title, loss curve and phase timeline update live."""
+    chromium = ensure_chromium()
+    import threading
+
+    from playwright.sync_api import sync_playwright
+    from sklearn.datasets import load_digits
+
+    import workbench as wb
+    from workbench.dashboard import forward, stop
+
+    digits = load_digits()
+    data = {"x": (digits.data / 16).astype("float32"), "y": digits.target.astype("int64")}
+    g = wb.Graph(name="mlp")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 64))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = wb.relu(wb.matmul(x, wb.variable("w1", shape=(64, 32), init="glorot_uniform")) + wb.variable("b1", shape=(32,)))
+        loss = wb.mean(wb.softmax_cross_entropy(wb.matmul(h, wb.variable("w2", shape=(32, 10), init="glorot_uniform")), y))
+        train = wb.optimizers.SGD(0.1).minimize(loss)
+    client = wb.cluster.connect("local", n_workers=2)
+    forward()
+    errors: list = []
+    try:
+        client.wait_for_workers(2, timeout=60)
+        page_url = client.dashboard_link.rsplit("/", 1)[0] + "/individual-workbench"
+        sess = wb.Session(g, seed=0, cluster=client)
+
+        def fit():
+            try:
+                sess.fit(train, data, batch_size=64, steps=300, replicas=2, fetches={"loss": loss})
+            except Exception as e:  # noqa: BLE001 - reported by the test below
+                errors.append(e)
+
+        trainer = threading.Thread(target=fit, name="dashboard-fit")
+        trainer.start()
+        with sync_playwright() as pw:
+            browser = launch(pw, chromium)
+            try:
+                page = browser.new_page(viewport={"width": 1100, "height": 720})
+                page.goto(page_url, wait_until="domcontentloaded")
+                title = page.locator(".wb-fit-title")
+                title.filter(has_text="running").first.wait_for(timeout=60_000)  # live, during the fit
+                assert "steps/s" in title.first.inner_text()
+                trainer.join(timeout=120)
+                title.filter(has_text="done · step 300 / 300").first.wait_for(timeout=30_000)
+                assert page.locator("canvas").count() >= 1
+                page.wait_for_timeout(1000)  # the last redraw of the plots
+                clip = {"x": 0, "y": 0, "width": 1060, "height": 430}  # the page's content, not the empty rest
+                page.screenshot(path=str(tmp_path / "dashboard.png"), clip=clip)
+                if os.environ.get("WORKBENCH_UPDATE_SCREENSHOT") == "1":
+                    README_DASHBOARD.parent.mkdir(exist_ok=True)
+                    page.screenshot(path=str(README_DASHBOARD), clip=clip)
+            finally:
+                browser.close()
+    finally:
+        stop()
+        wb.cluster.close(client)
+    assert not errors, errors
+    assert (tmp_path / "dashboard.png").stat().st_size > 10_000

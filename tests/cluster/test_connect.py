@@ -2,11 +2,6 @@
 
 import datetime
 import ipaddress
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,64 +11,7 @@ import pytest
 
 import workbench as wb
 
-DASK = str(Path(sys.executable).with_name("dask"))
 SEED = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Processes:
-    """Processes started by a test, each stopped by its pid at teardown."""
-
-    def __init__(self, logs: Path):
-        self.logs, self.started = logs, []
-
-    def start(self, name: str, *args: str) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        log = open(self.logs / f"{name}.log", "wb")
-        proc = subprocess.Popen([DASK, *args], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.logs)
-        log.close()
-        self.started.append(proc)
-        return proc
-
-    def scheduler(self, *tls: str) -> str:
-        protocol = "tls" if tls else "tcp"
-        port = free_port()
-        self.start("scheduler", "scheduler", "--protocol", protocol, "--host", "127.0.0.1", "--port", str(port),
-                   "--no-dashboard", *tls)  # fmt: skip
-        return f"{protocol}://127.0.0.1:{port}"
-
-    def worker(self, address: str, name: str, *tls: str) -> None:
-        self.start(name, "worker", address, "--name", name, "--host", "127.0.0.1", "--nthreads", "1",
-                   "--no-nanny", "--no-dashboard", "--death-timeout", "60", *tls)  # fmt: skip
-
-    def stop(self) -> None:
-        """Workers first, one at a time (a TLS worker told to stop while its scheduler goes down
-        can linger), then the scheduler; SIGKILL for any that outlives its grace period."""
-        for proc in reversed(self.started):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-
-    def log(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.logs.glob("*.log")))
-
-
-def connect_when_up(address: str, processes: Processes, workers: int, **kw):
-    try:
-        client = wb.cluster.connect(address, timeout=30, **kw)
-        client.wait_for_workers(workers, timeout=60)
-    except Exception as e:  # noqa: BLE001 - show the processes' own logs
-        raise AssertionError(f"cluster at {address} did not come up: {e}\n{processes.log()}") from e
-    return client
 
 
 def local_and_remote(kit, client):
@@ -90,13 +28,13 @@ def local_and_remote(kit, client):
 
 
 @pytest.fixture(scope="module")
-def cli_cluster(tmp_path_factory):
-    processes = Processes(tmp_path_factory.mktemp("cli"))
+def cli_cluster(tmp_path_factory, dask_cli):
+    processes = dask_cli(tmp_path_factory.mktemp("cli"))
     try:
         address = processes.scheduler()
         for i in range(2):
             processes.worker(address, f"w{i}")
-        client = connect_when_up(address, processes, workers=2)
+        client = processes.connect(address, workers=2)
         try:
             yield address, client
         finally:
@@ -206,7 +144,7 @@ def make_certificates(directory: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def tls_cluster(tmp_path_factory):
+def tls_cluster(tmp_path_factory, dask_cli):
     from distributed import Security
 
     directory = tmp_path_factory.mktemp("tls")
@@ -215,12 +153,12 @@ def tls_cluster(tmp_path_factory):
     security = Security(
         tls_ca_file=certs["ca"], tls_client_cert=certs["cert"], tls_client_key=certs["key"], require_encryption=True
     )
-    processes = Processes(directory)
+    processes = dask_cli(directory)
     try:
         address = processes.scheduler(*tls)
         for i in range(2):
             processes.worker(address, f"tls{i}", *tls)
-        client = connect_when_up(address, processes, workers=2, security=security)
+        client = processes.connect(address, workers=2, security=security)
         try:
             yield address, security, client
         finally:
@@ -264,8 +202,8 @@ def test_plain_tcp_to_a_tls_scheduler_is_a_cluster_error(tls_cluster):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("timeout", [1, "2s"])
-def test_unreachable_address_fails_within_the_timeout(timeout):
-    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+def test_unreachable_address_fails_within_the_timeout(timeout, dask_cli):
+    address = f"tcp://127.0.0.1:{dask_cli.free_port()}"  # nothing listens there
     seconds = dask.utils.parse_timedelta(timeout)
     started = time.perf_counter()
     with pytest.raises(wb.ClusterError, match=rf"cannot reach the Dask scheduler at {address} within {seconds:g} s"):
@@ -274,8 +212,8 @@ def test_unreachable_address_fails_within_the_timeout(timeout):
 
 
 @pytest.mark.timeout(60)
-def test_configured_timeout_is_used():
-    address = f"tcp://127.0.0.1:{free_port()}"
+def test_configured_timeout_is_used(dask_cli):
+    address = f"tcp://127.0.0.1:{dask_cli.free_port()}"
     started = time.perf_counter()
     with dask.config.set({"workbench.cluster.timeout": "1s"}):
         with pytest.raises(wb.ClusterError, match="within 1 s"):
@@ -499,3 +437,69 @@ def test_the_embedded_cluster_listens_on_loopback_only():
     assert children and len(opened) >= 2 + len(children)  # scheduler, dashboard, and each worker and nanny
     assert {ip for _, ip, _ in opened} == {"127.0.0.1"}, opened
     assert link.startswith("http://127.0.0.1:")
+
+
+# -- dask-gateway, through the configuration ------------------------------------------------------
+
+
+class FakeGatewayCluster:
+    """What dask_gateway.GatewayCluster offers workbench: a client, and close() that shuts down only
+    the clusters this client started."""
+
+    def __init__(self, name: str, started: bool, log: list):
+        self.name, self.shutdown_on_close, self.log = name, started, log
+
+    def get_client(self, set_as_default=True):
+        client = type("Client", (), {})()
+        client.cluster, client.scheduler = self, type("Rpc", (), {"address": f"gateway://gw:80/{self.name}"})()
+        client.close = lambda: self.log.append(("client closed", self.name))
+        self.log.append(("client", self.name, set_as_default))
+        return client
+
+    def close(self):
+        self.log.append(("shut down" if self.shutdown_on_close else "left running", self.name))
+
+
+@pytest.fixture
+def fake_gateway(monkeypatch):
+    import sys
+    import types
+
+    log = []
+
+    class Gateway:
+        def connect(self, name):
+            if name == "missing":
+                raise ValueError(f"no cluster named {name!r}")
+            return FakeGatewayCluster(name, started=False, log=log)
+
+        def new_cluster(self):
+            return FakeGatewayCluster("new-1", started=True, log=log)
+
+    monkeypatch.setitem(sys.modules, "dask_gateway", types.SimpleNamespace(Gateway=Gateway))
+    return log
+
+
+def test_gateway_address_reaches_a_named_cluster_and_leaves_it_running(fake_gateway):
+    with dask.config.set({"workbench.cluster.address": "gateway", "workbench.cluster.gateway-cluster": "team-a"}):
+        client = wb.cluster.set_default()
+    assert client.cluster.name == "team-a" and ("client", "team-a", False) in fake_gateway
+    message = wb.cluster.close_default()
+    assert message == "disconnected from gateway://gw:80/team-a; that cluster keeps running"
+    assert ("left running", "team-a") in fake_gateway
+
+
+def test_gateway_without_a_name_starts_a_cluster_and_shuts_it_down(fake_gateway):
+    with dask.config.set({"workbench.cluster.address": "gateway"}):
+        wb.cluster.set_default()
+    assert "is shut down" in wb.cluster.close_default()
+    assert fake_gateway[-1] == ("shut down", "new-1")
+
+
+def test_gateway_errors_are_cluster_errors(fake_gateway, monkeypatch):
+    with dask.config.set({"workbench.cluster.gateway-cluster": "missing"}):
+        with pytest.raises(wb.ClusterError, match="cannot get cluster 'missing' from the dask-gateway: ValueError"):
+            wb.cluster.connect("gateway")
+    monkeypatch.setitem(__import__("sys").modules, "dask_gateway", None)
+    with pytest.raises(wb.ClusterError, match="needs dask-gateway"):
+        wb.cluster.connect("gateway")

@@ -11,6 +11,7 @@ from sklearn.datasets import load_digits
 
 import workbench as wb
 from workbench.cluster import fit as cluster_fit
+from workbench.cluster.lower import parse_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -101,7 +102,7 @@ def test_lineage_does_not_grow_with_steps(client, digits):
     counts = []
 
     def count(record):
-        counts.append(sum(1 for key in scheduler.tasks if isinstance(key, tuple) and key[0].startswith("mlp-step-")))
+        counts.append(sum(1 for key in scheduler.tasks if isinstance(key, tuple) and parse_key(key)))
 
     sess.fit(train, digits, batch_size=64, steps=120, replicas=2, fetches=[loss], window=4, sync_every=20, callback=count)
     # a sync cuts the lineage: at most a sync period (plus the window) of steps is alive,

@@ -4,9 +4,10 @@ import dask
 import numpy as np
 import pytest
 from dask.task_spec import Task, TaskRef
+from dask.utils import key_split
 
 import workbench as wb
-from workbench.cluster.lower import shards, step_tasks
+from workbench.cluster.lower import parse_key, shards, step_tasks
 
 SEED = 3
 
@@ -28,7 +29,13 @@ def kit(kit):
 
 
 def step_of(dsk, step):
-    return {k: t for k, t in dsk.items() if isinstance(t, Task) and k[0].startswith(f"mlp-step-{step}-")}
+    return {k: t for k, t in dsk.items() if isinstance(t, Task) and parse_key(k) and parse_key(k).step == step}
+
+
+def short(key) -> str:
+    """A step's task key without the graph and the step: ``grad-r0``, ``reduce-1-0``, ``update``."""
+    name = parse_key(key)
+    return f"{name.phase}-{name.rest}" if name.rest else name.phase
 
 
 # -- partitioned, not exploded ----------------------------------------------------------------
@@ -55,11 +62,19 @@ def test_keys_read_like_the_model(kit):
     low, _ = lowered(kit, replicas=2, steps=3)
     names = {k[0] for k in low.dsk if isinstance(k, tuple)}
     for step in (1, 2, 3):
-        assert {f"mlp-step-{step}-grad-r0", f"mlp-step-{step}-grad-r1", f"mlp-step-{step}-reduce-1-0",
-                f"mlp-step-{step}-update", f"mlp-step-{step}-metrics"} <= names  # fmt: skip
-    assert "mlp-step-3-grad-r1" in names
-    assert low.state_key[0] == "mlp-step-3-update"
-    assert [k[0] for k in low.metric_keys] == ["mlp-step-1-metrics", "mlp-step-2-metrics", "mlp-step-3-metrics"]
+        assert {f"mlp-grad-{step}-r0", f"mlp-grad-{step}-r1", f"mlp-reduce-{step}-1-0",
+                f"mlp-update-{step}", f"mlp-metrics-{step}"} <= names  # fmt: skip
+    assert low.state_key[0] == "mlp-update-3"
+    assert [k[0] for k in low.metric_keys] == ["mlp-metrics-1", "mlp-metrics-2", "mlp-metrics-3"]
+
+
+def test_each_phase_is_its_own_dask_key_prefix(kit):
+    low, _ = lowered(kit, replicas=4, steps=3)
+    prefixes = {key_split(k) for k, t in low.dsk.items() if isinstance(t, Task)}
+    assert prefixes == {"mlp-grad", "mlp-reduce", "mlp-update", "mlp-metrics"}
+    # the step and the replica are in the rest of the key
+    assert parse_key(low.state_key) == ("mlp", "update", 3, "")
+    assert {parse_key(k).rest for k in step_of(low.dsk, 2) if parse_key(k).phase == "grad"} == {"r0", "r1", "r2", "r3"}
 
 
 def test_each_lowering_has_its_own_token(kit):
@@ -72,20 +87,20 @@ def test_each_lowering_has_its_own_token(kit):
 def test_steps_chain_through_the_update(kit):
     low, _ = lowered(kit, replicas=2, steps=2)
     step2 = step_of(low.dsk, 2)
-    grad = next(t for k, t in step2.items() if k[0] == "mlp-step-2-grad-r0")
-    update1 = next(k for k in low.dsk if k[0] == "mlp-step-1-update")
+    grad = next(t for k, t in step2.items() if k[0] == "mlp-grad-2-r0")
+    update1 = next(k for k in low.dsk if k[0] == "mlp-update-1")
     assert update1 in grad.dependencies
 
 
 # -- the reduction tree ------------------------------------------------------------------------
 
 
-def reductions(tasks, base="mlp-step-1"):
-    """reduce key -> the (key names of the) two things it adds, in order."""
+def reductions(tasks):
+    """reduce key -> the (short names of the) two things it adds, in order."""
     out = {}
     for key, task in tasks.items():
-        if "-reduce-" in key[0]:
-            out[key[0][len(base) + 1 :]] = tuple(a.key[0][len(base) + 1 :] for a in task.args if isinstance(a, TaskRef))
+        if parse_key(key).phase == "reduce":
+            out[short(key)] = tuple(short(a.key) for a in task.args if isinstance(a, TaskRef))
     return out
 
 
@@ -113,17 +128,16 @@ def test_fixed_reduction_tree(kit, replicas):
     low, _ = lowered(kit, replicas=replicas, steps=1)
     tasks = step_of(low.dsk, 1)
     assert reductions(tasks) == TREES[replicas]
-    update = next(t for k, t in tasks.items() if k[0] == "mlp-step-1-update")
-    root = [a.key[0] for a in update.args if isinstance(a, TaskRef) and a.key[0].startswith("mlp-step-1-")]
-    assert root == [f"mlp-step-1-{ROOTS[replicas]}"]
+    update = next(t for k, t in tasks.items() if k[0] == "mlp-update-1")
+    root = [short(a.key) for a in update.args if isinstance(a, TaskRef) and parse_key(a.key)]
+    assert root == [ROOTS[replicas]]
 
 
 def test_tree_is_the_same_every_time(kit):
     a, _ = lowered(kit, replicas=5, steps=2)
     b, _ = lowered(kit, replicas=5, steps=2)
     for step in (1, 2):
-        base = f"mlp-step-{step}"
-        assert reductions(step_of(a.dsk, step), base) == reductions(step_of(b.dsk, step), base) == TREES[5]
+        assert reductions(step_of(a.dsk, step)) == reductions(step_of(b.dsk, step)) == TREES[5]
 
 
 def test_shards_are_contiguous_and_cover_the_batch():

@@ -7,10 +7,17 @@ another cluster without editing it::
 
 or ``dask.config.set({"workbench.cluster.address": ...})``. Keys (all optional):
 
-- ``workbench.cluster.address``: ``"local"`` (default) or a scheduler address;
+- ``workbench.cluster.address``: ``"local"`` (default), a scheduler address, or ``"gateway"``
+  for a dask-gateway cluster (its gateway, authentication and options from dask-gateway's own
+  ``gateway.*`` configuration);
+- ``workbench.cluster.gateway-cluster``: the name of a running dask-gateway cluster to use
+  (default: start one, shut down when its client closes);
 - ``workbench.cluster.n-workers``: workers of the local cluster (default: the CPU count, or one per GPU);
 - ``workbench.cluster.timeout``: how long to wait for a scheduler (default ``"10s"``);
 - ``workbench.cluster.dashboard-address``: where a local cluster serves its dashboard (default ``":0"``).
+
+A local cluster's scheduler loads :data:`PRELOAD` (the Workbench page of its dashboard
+and the training monitor); other schedulers load it with ``--preload``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import dask
 import dask.config
 
 from workbench.errors import ClusterError
+
+PRELOAD = "workbench.dashboard.preload"  # scheduler preload: the dashboard's Workbench page, training metrics
 
 BLAS_ENV = {
     "OMP_NUM_THREADS": "1",
@@ -61,6 +70,10 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     gpus = gpu_count()
     dashboard = on_loopback(kwargs.pop("dashboard_address", config("dashboard-address", ":0")))
     kwargs.setdefault("host", "127.0.0.1")
+    scheduler_kwargs = dict(kwargs.pop("scheduler_kwargs", None) or {})
+    preload = list(scheduler_kwargs.get("preload") or dask.config.get("distributed.scheduler.preload", None) or [])
+    scheduler_kwargs["preload"] = preload if PRELOAD in preload else [*preload, PRELOAD]
+    kwargs["scheduler_kwargs"] = scheduler_kwargs
     if gpus:
         try:
             from dask_cuda import LocalCUDACluster
@@ -100,8 +113,9 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
     ----------
     cluster : Client, str, or None
         A client (used as is), a scheduler address (``"tcp://host:8786"``,
-        ``"tls://..."``), ``"local"`` for an embedded cluster, or None for the
-        configured default (``workbench.cluster.address``, default ``"local"``).
+        ``"tls://..."``), ``"local"`` for an embedded cluster, ``"gateway"`` for a
+        dask-gateway cluster, or None for the configured default
+        (``workbench.cluster.address``, default ``"local"``).
     security : distributed.Security, optional
         Certificates for ``tls://`` addresses; without it, those of Dask's configuration
         (``distributed.comm.tls.ca-file``, ``.client.cert``, ``.client.key``).
@@ -121,6 +135,8 @@ def connect(cluster: Any = None, *, security=None, timeout: str | float | None =
         raise ClusterError(f"cannot use {cluster!r} as a cluster: pass a distributed.Client, an address or 'local'")
     if cluster == "local":
         return Client(local_cluster(n_workers), set_as_default=False)
+    if cluster == "gateway":
+        return gateway_client()
     if "://" not in cluster:
         raise ClusterError(f"cluster address {cluster!r} needs a protocol, e.g. 'tcp://{cluster}'")
     timeout = timeout if timeout is not None else config("timeout", "10s")
@@ -203,6 +219,24 @@ async def _identity(address: str, security, seconds: float):
         await remote.close_rpc()
 
 
+def gateway_client():
+    """A client of a dask-gateway cluster: the running one named by ``workbench.cluster.gateway-cluster``,
+    or a new one. The gateway's address, authentication and cluster options come from dask-gateway's
+    configuration (``gateway.address``, ``gateway.auth.type``, ``gateway.cluster.options``)."""
+    try:
+        from dask_gateway import Gateway
+    except ImportError as e:
+        raise ClusterError("workbench.cluster.address 'gateway' needs dask-gateway (pip install dask-gateway)") from e
+    name = config("gateway-cluster")
+    try:
+        gateway = Gateway()
+        cluster = gateway.connect(name) if name else gateway.new_cluster()
+        return cluster.get_client(set_as_default=False)
+    except (OSError, ValueError) as e:  # unreachable gateway, unknown cluster name
+        target = f"cluster {name!r}" if name else "a new cluster"
+        raise ClusterError(f"cannot get {target} from the dask-gateway: {type(e).__name__}: {e}") from e
+
+
 def info(client) -> dict:
     """What the cluster holds: workers (address, name, threads, memory, GPUs) and the dashboard link."""
     scheduler = client.scheduler_info(n_workers=-1) if _takes_n_workers(client) else client.scheduler_info()
@@ -249,12 +283,27 @@ def default_client():
     return _default["client"]
 
 
-def close_default() -> None:
-    """Close the default client (and the local cluster it started)."""
+def close_default() -> str | None:
+    """Let the default cluster go; returns what that did (None when there was none).
+
+    A local cluster that :func:`set_default` started is shut down; a cluster reached
+    by its address is only disconnected from (it keeps running for its other users),
+    and a Client that was passed in is left open for its owner.
+    """
     client, owned = _default["client"], _default["owned"]
     _default.update(client=None, owned=False)
-    if client is not None and owned:
-        close(client)
+    if client is None:
+        return None
+    address = getattr(client.scheduler, "address", None) or "the scheduler"
+    if not owned:
+        return f"no default cluster now; the client for {address} stays open"
+    cluster = getattr(client, "cluster", None)
+    # a cluster object this process started (LocalCluster, or a new dask-gateway cluster) goes with it
+    shut_down = cluster is not None and getattr(cluster, "shutdown_on_close", True)
+    close(client)
+    if shut_down:
+        return f"default cluster closed: the cluster started for it at {address} is shut down"
+    return f"disconnected from {address}; that cluster keeps running"
 
 
 def close(client) -> None:

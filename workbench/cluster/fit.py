@@ -19,7 +19,7 @@ import numpy as np
 from dask.task_spec import List, TaskRef
 
 from workbench import checkpoint
-from workbench.cluster.lower import combine_tasks, replica_tasks
+from workbench.cluster.lower import combine_tasks, replica_tasks, task_name
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
@@ -127,6 +127,7 @@ class ClusterFit:
         self.session.events.emit(
             "fit_started", steps=self.steps, batch_size=self.batch_size, fetches=self.labels,
             replicas=self.replicas, start=start, workers=len(self.workers or self.client.scheduler_info().get("workers", {})),
+            graph=self.graph.name, scheduler=self.client.scheduler.address,
         )  # fmt: skip
         self._last_time = time.perf_counter()
         todo = deque(coordinator.start())
@@ -244,7 +245,7 @@ class ClusterFit:
     def _sync(self, step: int) -> None:
         update = self.updates.pop(step)
         if self.program.device != "cpu":  # the worker copies the variables off its GPU
-            key = (f"{self.graph.name}-step-{step}-host", self.token)
+            key = (task_name(self.graph.name, "host", step), self.token)
             update = self.client.submit(host_state, update, key=key, pure=False)
         state = update.result(timeout=self.step_timeout)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}

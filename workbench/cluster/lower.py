@@ -6,17 +6,21 @@ each), ``R - 1`` pairwise reductions in a fixed tree order (so the sum never
 depends on timing or worker count), one update task (the optimizer) and one
 small metrics task for the client. Keys read like the model::
 
-    ("mlp-step-12-grad-r0", token)   ("mlp-step-12-reduce-1-0", token)
-    ("mlp-step-12-update", token)    ("mlp-step-12-metrics", token)
+    ("mlp-grad-12-r0", token)   ("mlp-reduce-12-1-0", token)
+    ("mlp-update-12", token)    ("mlp-metrics-12", token)
 
-``token`` keeps concurrent runs apart; the Dask dashboard groups by the first part.
+Each phase is its own Dask key prefix (``key_split`` gives ``mlp-grad``, ``mlp-reduce``,
+``mlp-update``, ``mlp-metrics``), so the dashboard's task stream and progress bars tell
+them apart; the step and the replica are the rest of the key. ``token`` keeps
+concurrent runs apart.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from dask.task_spec import DataNode, Task, TaskRef
@@ -44,14 +48,49 @@ def shards(index: np.ndarray, replicas: int) -> list[np.ndarray]:
     return np.array_split(index, replicas)
 
 
+PHASES = ("grad", "reduce", "update", "metrics", "host")
+_TASK_NAME = re.compile(rf"^(?P<graph>.+)-(?P<phase>{'|'.join(PHASES)})-(?P<step>\d+)(?:-(?P<rest>.*))?$")
+
+
+def task_name(graph: str, phase: str, step: int, *rest) -> str:
+    """``<graph>-<phase>-<step>[-<rest>]``: the first part of a training task's key.
+
+    >>> task_name("mlp", "grad", 12, "r0")
+    'mlp-grad-12-r0'
+    >>> from dask.utils import key_split
+    >>> key_split(("mlp-grad-12-r0", "9f2c41d7"))
+    'mlp-grad'
+    """
+    return "-".join([graph, phase, str(step), *map(str, rest)])
+
+
+class TaskName(NamedTuple):
+    graph: str
+    phase: str
+    step: int
+    rest: str
+
+
+def parse_key(key) -> TaskName | None:
+    """What a training task's key says (graph, phase, step, rest), or None for other keys.
+
+    >>> parse_key(("mlp-reduce-12-1-0", "9f2c41d7"))
+    TaskName(graph='mlp', phase='reduce', step=12, rest='1-0')
+    """
+    name = key[0] if isinstance(key, tuple) and key else key
+    match = _TASK_NAME.match(name) if isinstance(name, str) else None
+    if match is None:
+        return None
+    return TaskName(match["graph"], match["phase"], int(match["step"]), match["rest"] or "")
+
+
 def step_keys(name: str, step: int, replicas: int, token: str) -> dict[str, Any]:
-    """The keys of one step's tasks."""
-    base = f"{name}-step-{step}"
+    """The keys of one step's tasks (and ``reduce(depth, index)``, the key of a reduction)."""
     return {
-        "grads": [(f"{base}-grad-r{i}", token) for i in range(replicas)],
-        "update": (f"{base}-update", token),
-        "metrics": (f"{base}-metrics", token),
-        "base": base,
+        "grads": [(task_name(name, "grad", step, f"r{i}"), token) for i in range(replicas)],
+        "update": (task_name(name, "update", step), token),
+        "metrics": (task_name(name, "metrics", step), token),
+        "reduce": lambda depth, index: (task_name(name, "reduce", step, depth, index), token),
     }
 
 
@@ -78,7 +117,7 @@ def combine_tasks(program, state, replicas: list, keys: dict, token: str) -> dic
         depth += 1
         nxt = []
         for j in range(0, len(level) - 1, 2):
-            key = (f"{keys['base']}-reduce-{depth}-{j // 2}", token)
+            key = keys["reduce"](depth, j // 2)
             tasks[key] = Task(key, reduce_pair, level[j], level[j + 1])
             nxt.append(TaskRef(key))
         if len(level) % 2:

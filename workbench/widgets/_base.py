@@ -1,13 +1,18 @@
-"""What the views share: an anywidget with its front end in ``static/``, and event following.
+"""What the views share: an anywidget with its front end in ``static/``, event following, and a
+static picture of their state in the mime bundle.
 
 The front ends are plain ES modules shipped in the package and synced as widget
-state, so views render offline and from a saved notebook's widget state.
+state, so views render offline and from a saved notebook's widget state. Next to
+the widget, each view's output carries an ``image/svg+xml`` picture of what it
+shows (:class:`Snapshot`), kept up to date when the view finishes, so GitHub,
+nbviewer, ``nbconvert --to html`` and papermill outputs show it without a kernel.
 """
 
 from __future__ import annotations
 
 import pathlib
 import time
+import uuid
 from typing import Any, Callable
 
 import anywidget
@@ -23,7 +28,70 @@ def front_end(name: str) -> str:
     return (STATIC / name).read_text(encoding="utf-8")
 
 
-class View(anywidget.AnyWidget):
+SVG_MIME = "image/svg+xml"
+
+
+class Snapshot:
+    """Mixin for widgets: an SVG picture of the current state next to the widget in the mime bundle.
+
+    Subclasses define :meth:`snapshot_state` (what the picture is drawn from: the
+    state the front end draws, compared with ``==`` to skip redrawing) and
+    :meth:`render_snapshot` (that state to an SVG document). Displayed in a
+    kernel, the output gets a display id; :meth:`refresh_snapshot` (called when
+    the view finishes something) replaces the saved picture with the current one.
+    A live front end still renders the widget; files and viewers without one
+    show the picture.
+    """
+
+    _display_id: str | None = None
+    _drawn: tuple = (None, "")  # (state, svg) of the last picture drawn
+    _shown_svg = ""  # the picture in the output now
+
+    def snapshot_state(self) -> Any:
+        raise NotImplementedError
+
+    def render_snapshot(self, state: Any) -> str:
+        raise NotImplementedError
+
+    def snapshot(self) -> str:
+        """The SVG picture of the view as it is now."""
+        state = self.snapshot_state()
+        drawn_state, svg = self._drawn
+        if not svg or drawn_state != state:
+            svg = self.render_snapshot(state)
+            self._drawn = (state, svg)
+        return svg
+
+    def _repr_mimebundle_(self, **kwargs: Any):
+        bundle = super()._repr_mimebundle_(**kwargs)
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle or {}, {})
+        self._shown_svg = self.snapshot()
+        return {**data, SVG_MIME: self._shown_svg}, metadata
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        from workbench.notebook import in_kernel
+
+        if self._repr_mimebundle_ is None:  # a closed widget shows nothing (as ipywidgets does)
+            return
+        if in_kernel() and self._display_id is None:
+            self._display_id = uuid.uuid4().hex
+        data, metadata = self._repr_mimebundle_()
+        display(data, metadata=metadata, raw=True, display_id=self._display_id)
+
+    def refresh_snapshot(self) -> bool:
+        """Replace the picture in the displayed outputs with the current one; True if it changed."""
+        if self._display_id is None or self._repr_mimebundle_ is None or self.snapshot() == self._shown_svg:
+            return False
+        from IPython.display import update_display
+
+        data, metadata = self._repr_mimebundle_()
+        update_display(data, metadata=metadata, raw=True, display_id=self._display_id)
+        return True
+
+
+class View(Snapshot, anywidget.AnyWidget):
     """An anywidget that can follow an :class:`EventStream`, pushing its state at a bounded rate.
 
     Subclasses implement :meth:`handle` (update the Python-side model from one
@@ -65,6 +133,7 @@ class View(anywidget.AnyWidget):
             self.handle(event)
         self.throttle.pending = True
         self.throttle.flush()
+        self.refresh_snapshot()
 
     def _on_event(self, event: dict) -> None:
         if self._session is not None and event.get("session") != self._session:
@@ -72,6 +141,7 @@ class View(anywidget.AnyWidget):
         if self.handle(event):
             self.throttle.pending = True
             self.throttle.flush()
+            self.refresh_snapshot()  # something finished: the saved picture shows it
         else:
             self.throttle.request()
         if self.ended:

@@ -6,16 +6,18 @@ from typing import Any
 
 import traitlets
 
-from workbench.widgets._base import front_end
-
 import anywidget
 
+from workbench.widgets import snapshots
+from workbench.widgets._base import Snapshot, front_end
 
-class ClusterView(anywidget.AnyWidget):
+
+class ClusterView(Snapshot, anywidget.AnyWidget):
     """A table of workers (threads, memory, GPUs) with totals and the dashboard link.
 
     ``info`` is what :func:`workbench.cluster.info` returns; ``None`` shows that
-    no default cluster is set.
+    no default cluster is set. When ``info`` has a ``dashboard_note`` (why the
+    dashboard or its workbench page is missing), the view shows it.
 
     >>> view = ClusterView({"scheduler": "tcp://127.0.0.1:8786", "dashboard": "http://127.0.0.1:8787/status",
     ...                     "workers": [{"address": "tcp://127.0.0.1:1", "name": "0", "threads": 1,
@@ -31,3 +33,9 @@ class ClusterView(anywidget.AnyWidget):
 
     def __init__(self, info: dict[str, Any] | None = None, message: str = "", **kwargs: Any) -> None:
         super().__init__(info=info, message=message, **kwargs)
+
+    def snapshot_state(self):
+        return self.info, self.message
+
+    def render_snapshot(self, state) -> str:
+        return snapshots.cluster_svg(*state)

@@ -7,6 +7,7 @@ from typing import Any
 import traitlets
 
 from workbench.graph.core import Graph
+from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
 from workbench.widgets.layout import (
     FOLD_OVER,
@@ -135,3 +136,9 @@ class GraphView(View):
 
     def _sync(self) -> None:
         self.states = group_states(self.op_states, self.collapsed)
+
+    def snapshot_state(self):
+        return self.layout, self.states
+
+    def render_snapshot(self, state) -> str:
+        return snapshots.graph_svg(*state)

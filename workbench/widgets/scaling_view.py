@@ -6,6 +6,7 @@ from typing import Any
 
 import traitlets
 
+from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
 
 
@@ -56,3 +57,9 @@ class ScalingView(View):
 
     def _sync(self) -> None:
         self.state = {"planned": self.planned, "rows": self.rows, "status": self.status}
+
+    def snapshot_state(self):
+        return self.state
+
+    def render_snapshot(self, state) -> str:
+        return snapshots.scaling_svg(state)

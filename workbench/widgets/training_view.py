@@ -8,6 +8,7 @@ from typing import Any
 
 import traitlets
 
+from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
 
 _RESERVED = {"kind", "session", "step", "time", "samples_per_s", "replicas", "workers", "dropped"}
@@ -189,3 +190,9 @@ class TrainingView(View):
 
     def _sync(self) -> None:
         self.state = self.model.snapshot()
+
+    def snapshot_state(self):
+        return self.title, self.state
+
+    def render_snapshot(self, state) -> str:
+        return snapshots.training_svg(*state)

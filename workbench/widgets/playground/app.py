@@ -19,9 +19,11 @@ from workbench.widgets.playground.model import (
     Options,
     PlaygroundModel,
 )
+from workbench.widgets import snapshots
+from workbench.widgets._base import Snapshot
 from workbench.widgets.throttle import Throttle
 
-class Playground(widgets.VBox):
+class Playground(Snapshot, widgets.VBox):
     """The playground app: controls on the left; the network in the middle, drawn as features ->
     neurons -> output with a heat map per neuron and an edge per weight, with +/- buttons for
     layers and neurons; the model's output over the plane and the loss chart on the right.
@@ -91,6 +93,7 @@ class Playground(widgets.VBox):
         if self._thread is not None:
             self._thread.join(timeout)
         self._play_button.description, self._play_button.icon = "Play", "play"
+        self.refresh_snapshot()
 
     def step(self, n: int | None = None) -> dict[str, float]:
         """Run ``n`` training steps (one epoch by default) and redraw."""
@@ -190,6 +193,15 @@ class Playground(widgets.VBox):
                 self._drawn_hidden = hidden
             self.status.value = _status_html(record, epoch, self._message)
             self.draws += 1
+        if not self.playing:  # not from the training thread: the saved picture follows
+            self.refresh_snapshot()
+
+    def snapshot_state(self):
+        return self.network.value, self.image.value, self.curves.value, self.status.value
+
+    def render_snapshot(self, state) -> str:
+        network, image, curves, status = state
+        return snapshots.playground_svg(image, self.size, curves, status, network_svg=network)
 
     # -- controls ----------------------------------------------------------------------------
     def _buttons(self) -> widgets.HBox:

@@ -39,6 +39,23 @@ function render({ model, el: root }) {
       a.style.color = "var(--wb-accent)";
       root.appendChild(a);
     }
+    if (info.workbench_page) {
+      const a = document.createElement("a");
+      a.href = info.workbench_page;
+      a.target = "_blank";
+      a.rel = "noopener";
+      a.className = "wb-workbench-page";
+      a.textContent = "training page";
+      a.style.color = "var(--wb-accent)";
+      a.style.marginLeft = "12px";
+      root.appendChild(a);
+    }
+    if (info.dashboard_note) {
+      const n = document.createElement("div");
+      n.className = "wb-muted wb-dashboard-note";
+      n.textContent = info.dashboard_note;
+      root.appendChild(n);
+    }
     const table = document.createElement("table");
     table.className = "wb-table";
     table.innerHTML = "<tr><th>worker</th><th>address</th><th>threads</th><th>memory</th><th>GPUs</th></tr>";

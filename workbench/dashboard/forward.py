@@ -1,0 +1,162 @@
+"""The client's side of the training monitor: fits on a cluster, summarized for its scheduler.
+
+:func:`training_update` is the one place that reads training progress from the
+event stream. A :class:`Forwarder` turns the updates of each cluster fit into
+summaries (steps/s, samples/s, the loss and its new points) and sends them to
+that fit's scheduler with ``Client.log_event``, at most ``1 / interval`` times a
+second and once more when the fit ends; the scheduler's
+:class:`~workbench.dashboard.monitor.TrainingMonitor` keeps them for the
+dashboard page and ``/metrics``. Local fits are not forwarded (no scheduler).
+
+>>> sent = []
+>>> now = [0.0]
+>>> forwarder = Forwarder(send=lambda client, msg: sent.append(msg), find_client=lambda address: "client",
+...                       clock=lambda: now[0])
+>>> forwarder({"kind": "fit_started", "session": 1, "graph": "mlp", "scheduler": "tcp://s:8786", "steps": 3,
+...            "batch_size": 64, "fetches": ["loss"]})
+>>> for step in (1, 2, 3):
+...     now[0] += 0.1
+...     forwarder({"kind": "step", "session": 1, "step": step, "time": 0.1, "samples_per_s": 640.0, "loss": 1.0 / step})
+>>> forwarder({"kind": "fit_finished", "session": 1, "steps": 3})
+>>> [(m["status"], m.get("step")) for m in sent]
+[('started', 0), ('running', 3), ('done', 3)]
+>>> sent[1]["points"], round(sent[1]["steps_per_s"], 3)
+([[1, 1.0], [2, 0.5], [3, 0.3333333333333333]], 10.0)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+from workbench.events import ROOT, EventStream
+
+TOPIC = "workbench-training"  # the scheduler event topic of the summaries
+
+
+def training_update(event: dict) -> dict[str, Any] | None:
+    """What a training event says, for the monitor: None for other events.
+
+    ``status`` is ``"started"`` (with ``graph``, ``scheduler``, ``steps``, ``batch_size``
+    and the fetch ``labels``), ``"running"`` (a step: ``step`` and each fetched ``values``)
+    or ``"done"``; every update has the ``session`` it comes from.
+    """
+    kind, session = event.get("kind"), event.get("session")
+    if kind == "fit_started":
+        return {"status": "started", "session": session, "graph": event.get("graph"), "scheduler": event.get("scheduler"),
+                "steps": int(event.get("steps") or 0), "batch_size": int(event.get("batch_size") or 0),
+                "labels": list(event.get("fetches") or [])}  # fmt: skip
+    if kind == "step":
+        values = {k: float(v) for k, v in event.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return {"status": "running", "session": session, "step": int(event.get("step", 0)), "values": values}
+    if kind == "fit_finished":
+        return {"status": "done", "session": session}
+    return None
+
+
+class _Fit:
+    """One forwarded fit: where it goes and what has not been sent yet."""
+
+    def __init__(self, client, started: dict, now: float):
+        self.client, self.graph, self.session = client, started["graph"], started["session"]
+        self.steps, self.batch_size = started["steps"], started["batch_size"]
+        labels = started["labels"]
+        self.loss_name = "loss" if "loss" in labels else (labels[0] if labels else None)
+        self.step = self.sent_step = 0
+        self.sent_time = now
+        self.loss: float | None = None
+        self.points: list[list[float]] = []
+
+    def add(self, update: dict) -> None:
+        self.step = update["step"]
+        loss = update["values"].get(self.loss_name) if self.loss_name else None
+        if loss is not None and math.isfinite(loss):
+            self.loss = loss
+            self.points.append([self.step, loss])
+
+    def summary(self, status: str, now: float) -> dict[str, Any]:
+        elapsed = now - self.sent_time
+        steps_per_s = (self.step - self.sent_step) / elapsed if elapsed > 0 else 0.0
+        msg = {"graph": self.graph, "session": self.session, "status": status, "step": self.step, "steps": self.steps,
+               "batch_size": self.batch_size, "loss_name": self.loss_name, "loss": self.loss, "points": self.points}  # fmt: skip
+        if self.step > self.sent_step:
+            msg.update(steps_per_s=steps_per_s, samples_per_s=steps_per_s * self.batch_size)
+        self.points, self.sent_step, self.sent_time = [], self.step, now
+        return msg
+
+
+class Forwarder:
+    """An event listener sending each cluster fit's summaries to its scheduler.
+
+    ``send(client, msg)`` and ``find_client(address)`` default to ``Client.log_event``
+    and the running client of this process connected to that scheduler; a failed
+    send stops forwarding that fit (monitoring never stops training).
+    """
+
+    def __init__(self, interval: float = 0.25, clock: Callable[[], float] = time.monotonic, send=None, find_client=None):
+        self.interval, self.clock = interval, clock
+        self.send = send or (lambda client, msg: client.log_event(TOPIC, msg))
+        self.find_client = find_client or client_for
+        self.fits: dict[Any, _Fit] = {}
+
+    def __call__(self, event: dict) -> None:
+        update = training_update(event)
+        if update is None:
+            return
+        now = self.clock()
+        if update["status"] == "started":
+            self.fits.pop(update["session"], None)
+            client = self.find_client(update["scheduler"]) if update["scheduler"] and update["graph"] else None
+            if client is not None:
+                fit = self.fits[update["session"]] = _Fit(client, update, now)
+                self._send(fit, "started", now)
+            return
+        fit = self.fits.get(update["session"])
+        if fit is None:
+            return
+        if update["status"] == "done":
+            self.fits.pop(update["session"], None)
+            self._send(fit, "done", now)
+            return
+        fit.add(update)
+        if now - fit.sent_time >= self.interval:
+            self._send(fit, "running", now)
+
+    def _send(self, fit: _Fit, status: str, now: float) -> None:
+        try:
+            self.send(fit.client, fit.summary(status, now))
+        except Exception:  # noqa: BLE001 - a closed client or a lost scheduler: stop forwarding this fit
+            self.fits.pop(fit.session, None)
+
+
+def client_for(address: str):
+    """The running client of this process connected to the scheduler at ``address``, or None."""
+    from distributed import Client
+
+    for client in list(Client._instances):  # distributed keeps every client of the process here
+        scheduler = getattr(client, "scheduler", None)
+        if client.status == "running" and scheduler is not None and scheduler.address == address:
+            return client
+    return None
+
+
+_installed: dict[str, Any] = {"unsubscribe": None}
+
+
+def forward(stream: EventStream = ROOT) -> Callable[[], None]:
+    """Send the progress of every fit on a cluster to its scheduler's dashboard page and ``/metrics``.
+
+    In a notebook this is on already (``import workbench`` in a kernel, ``%flow_cluster``);
+    scripts call it once. Idempotent; returns a function that stops forwarding.
+    """
+    if _installed["unsubscribe"] is None:
+        _installed["unsubscribe"] = stream.subscribe(Forwarder())
+    return stop
+
+
+def stop() -> None:
+    """Stop forwarding fits started from now on."""
+    if _installed["unsubscribe"] is not None:
+        _installed["unsubscribe"]()
+        _installed["unsubscribe"] = None
