@@ -10,7 +10,7 @@ import numpy as np
 
 from workbench import checkpoint
 from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
-from workbench.events import ROOT, EventStream
+from workbench.events import ROOT, EventStream, FitFinished, FitStarted, PlanCompiled, RunFailed, RunFinished, RunStarted, Step, new_token
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
@@ -74,7 +74,8 @@ class Session:
             self.xp = self._gpu.xp
         elif device_options:
             raise DeviceError(f"device 'cpu' takes no options, got {', '.join(sorted(device_options))}")
-        self.events = EventStream(parent=ROOT, session=id(self))
+        self.token = new_token("session")  # identity in events (never reused, unlike id())
+        self.events = EventStream(parent=ROOT, session=self.token, graph=self.graph.token)
         self._state: dict[str, Any] = {}
         self._plans: dict[tuple, tuple[Plan, list[str]]] = {}
         self._fits = 0
@@ -138,7 +139,7 @@ class Session:
             plan.run_count = step
         watched = self.events.wanted  # live views: which ops run, which one failed
         if watched:
-            self.events.emit("run_started", ops=[op.name for op in plan.step_ops])
+            self.events.emit(RunStarted, ops=tuple(op.name for op in plan.step_ops))
         try:
             feed_values = [feeds[n] for n in order]
             if self._gpu is None:
@@ -147,10 +148,10 @@ class Session:
                 values = self._gpu.run_plan(plan, feed_values, check_numerics=check_numerics)
         except WorkbenchError as e:
             if watched:
-                self.events.emit("run_failed", op=getattr(e, "op", None), error=str(e))
+                self.events.emit(RunFailed, op=getattr(e, "op", None), error=str(e))
             raise
         if watched:
-            self.events.emit("run_finished")
+            self.events.emit(RunFinished)
         values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
         if self.xp is np:
             values = _writable(values)
@@ -200,7 +201,7 @@ class Session:
         self._ensure_initialized(plan.variable_names + _updated_variables(graph))
         self._plans[key] = (plan, order)
         self.events.emit(
-            "plan_compiled", fetches=names, ops=len(self.graph.operations), steps=len(plan),
+            PlanCompiled, fetches=tuple(names), ops=len(self.graph.operations), steps=len(plan),
             seconds=time.perf_counter() - started,
         )  # fmt: skip
         return plan, order
@@ -348,22 +349,24 @@ class Session:
             self._state.update({k: self.xp.asarray(v) for k, v in variables.items() if k in self.graph})
         history = History()
         n = check_data(arrays)
-        self.events.emit("fit_started", steps=steps, batch_size=batch_size, fetches=labels, start=start)
+        self.events.emit(FitStarted, steps=steps, batch_size=batch_size, fetches=tuple(labels), start=start)
         indices = batch_indices(n, batch_size, steps, seed=batch_seed, start=start)
         for step, idx in enumerate(indices, start=start + 1):
             started = time.perf_counter()
             batch = {name: a[idx] for name, a in arrays.items()}
             values = self._run([train, *fetch_list], batch, check_numerics, step=step - 1)
             elapsed = time.perf_counter() - started
-            record = {"step": step, "time": elapsed, "samples_per_s": batch_size / elapsed if elapsed > 0 else float("inf")}
-            record.update(zip(labels, (_scalar(v) for v in values[1:])))
+            rate = batch_size / elapsed if elapsed > 0 else float("inf")
+            event = Step(session=self.token, graph=self.graph.token, step=step, time=elapsed, samples_per_s=rate,
+                         fetches=dict(zip(labels, (_scalar(v) for v in values[1:]))))  # fmt: skip
+            record = event.record()
             history.append(record)
-            self.events.emit("step", **record)
+            self.events.emit(event)
             if callback is not None:
                 callback(record)
             if checkpoint_dir is not None and (step % (checkpoint_every or steps) == 0 or step == steps):
                 checkpoint.save_step(checkpoint_dir, self.variables, step)
-        self.events.emit("fit_finished", steps=steps)
+        self.events.emit(FitFinished, steps=steps)
         return history
 
     def close(self) -> None:

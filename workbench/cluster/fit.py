@@ -23,6 +23,7 @@ from workbench.cluster.lower import combine_tasks, replica_tasks
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
+from workbench.events import FitFinished, FitStarted, Restarted, Step, Synced
 from workbench.training import History, batch_indices, is_dask_array
 
 
@@ -125,7 +126,7 @@ class ClusterFit:
         self._scatter(variables, start)
         coordinator = Coordinator(start, self.steps, window=self.window, sync_every=self.sync_every)
         self.session.events.emit(
-            "fit_started", steps=self.steps, batch_size=self.batch_size, fetches=self.labels,
+            FitStarted, steps=self.steps, batch_size=self.batch_size, fetches=tuple(self.labels), strategy="parameter_server",
             replicas=self.replicas, start=start, workers=len(self.workers or self.client.scheduler_info().get("workers", {})),
         )  # fmt: skip
         self._last_time = time.perf_counter()
@@ -167,7 +168,7 @@ class ClusterFit:
                 del self.updates[old]
         variables, _ = self.host
         self.session._state.update({n: self.session.xp.asarray(v) for n, v in variables.items()})
-        self.session.events.emit("fit_finished", steps=self.steps, restarts=coordinator.restarts)
+        self.session.events.emit(FitFinished, steps=self.steps, restarts=coordinator.restarts)
         return self.history
 
     def _batch(self, step: int) -> np.ndarray:
@@ -223,11 +224,7 @@ class ClusterFit:
         now = time.perf_counter()
         elapsed, self._last_time = now - self._last_time, now
         compute = metrics["compute"]
-        record = {
-            "step": step,
-            "time": elapsed,
-            "samples_per_s": self.batch_size / elapsed if elapsed > 0 else float("inf"),
-            **dict(zip(self.labels, metrics["fetches"])),
+        measured = {
             "replicas": self.replicas,
             "compute_seconds": max(compute.values()) if compute else 0.0,
             "reduce_seconds": metrics["reduce_seconds"],
@@ -236,8 +233,13 @@ class ClusterFit:
             "bytes_moved": (self.replicas - 1) * 2 * self.state_bytes,
             "dropped": self.backups,
         }
+        rate = self.batch_size / elapsed if elapsed > 0 else float("inf")
+        fetches = dict(zip(self.labels, metrics["fetches"]))
+        event = Step(session=self.session.token, graph=self.graph.token, step=step, time=elapsed, samples_per_s=rate,
+                     fetches=fetches, metrics=measured)  # fmt: skip
+        record = event.record()
         self.history.append(record)
-        self.session.events.emit("step", **record)
+        self.session.events.emit(event)
         if self.callback is not None:
             self.callback(record)
 
@@ -253,7 +255,7 @@ class ClusterFit:
         self.state_ref = self.client.scatter([state], hash=False, workers=self.workers)[0]
         if self.checkpoint_dir is not None and (step % (self.checkpoint_every or self.sync_every) == 0 or step == self.steps):
             checkpoint.save_step(self.checkpoint_dir, variables, step)
-        self.session.events.emit("synced", step=step)
+        self.session.events.emit(Synced, step=step)
 
     def _restart(self, instruction: Restart) -> None:
         # Drop the old attempt's futures: the scheduler forgets what nobody wants. (Cancelling
@@ -261,7 +263,7 @@ class ClusterFit:
         self.metrics.clear()
         self.updates.clear()
         variables, step = self.host
-        self.session.events.emit("restarted", step=step, attempt=instruction.attempt)
+        self.session.events.emit(Restarted, step=step, attempt=instruction.attempt)
         self._scatter(variables, step)
 
 

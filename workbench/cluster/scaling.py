@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbench.errors import ClusterError
-from workbench.events import ROOT
+from workbench.events import ROOT, ScalingFinished, ScalingPoint, ScalingStarted, new_token
 
 
 @dataclass
@@ -79,7 +79,8 @@ def scaling_study(
         if max(counts) > len(available):
             raise ClusterError(f"the cluster has {len(available)} workers; the study asks for {max(counts)}")
         study = ScalingStudy(batch_size=batch_size, steps=steps)
-        ROOT.emit("scaling_started", workers=counts, batch_size=batch_size, steps=steps, graph=graph.name)
+        token = new_token("study")
+        ROOT.emit(ScalingStarted(session=token, graph=graph.token, workers=tuple(counts), batch_size=batch_size, steps=steps))
         for k in counts:
             sess = Session(graph, seed=seed, cluster=client)
             history = sess.fit(
@@ -97,8 +98,8 @@ def scaling_study(
             row["speedup"] = row["samples_per_s"] / base["samples_per_s"] * base["workers"]
             row["efficiency"] = row["speedup"] / k
             study.rows.append(row)
-            ROOT.emit("scaling_point", **row)
-        ROOT.emit("scaling_finished", rows=list(study.rows))
+            ROOT.emit(ScalingPoint(session=token, graph=graph.token, **row))
+        ROOT.emit(ScalingFinished(session=token, graph=graph.token, rows=tuple(study.rows)))
         return study
     finally:
         if owned:

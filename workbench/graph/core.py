@@ -12,6 +12,7 @@ import linecache
 import os
 import sys
 import threading
+import uuid
 from typing import Any, Iterator, NamedTuple
 
 import numpy as np
@@ -181,6 +182,7 @@ class Graph:
         self._scopes: list[str] = []
         self._control: list[list[Operation]] = []
         self.version = 0  # grows with every change; sessions compile plans per version
+        self.token = f"graph-{uuid.uuid4().hex[:12]}"  # identity in events (never reused, unlike id())
         # update-op name -> {"loss": name or None, "gradients": [[gradient name, variable name], ...]}
         # (and "loss_scale": the variable of a dynamic loss scale): how an optimizer built its update,
         # which distributed training splits the graph by
