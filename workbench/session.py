@@ -11,6 +11,8 @@ import numpy as np
 from workbench import checkpoint
 from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
 from workbench.events import ROOT, EventStream, FitFinished, FitStarted, PlanCompiled, RunFailed, RunFinished, RunStarted, Step, new_token
+from workbench.devices import open_device
+from workbench.graph.compile import PlanCache, PlanKey, compile_plan
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
@@ -34,8 +36,8 @@ class Session:
         cluster (closed with the session), None for the default set by
         ``%flow_cluster`` or :func:`workbench.cluster.set_default` (local execution
         when none is set), or False for local execution. See :func:`workbench.cluster.connect`.
-    device : {"cpu", "gpu", "gpu:<index>"}
-        Where kernels run. On a GPU (CuPy) variables stay on the device, feeds
+    device : {"cpu", "gpu", "gpu:<index>"} or a Device
+        Where kernels run (see :mod:`workbench.graph.device`); :attr:`device` is the opened device. On a GPU (CuPy) variables stay on the device, feeds
         go up once per run and results come back as NumPy. With a cluster,
         ``fit`` runs each worker's plans on its GPU (see :mod:`workbench.cluster.program`).
     **device_options
@@ -61,24 +63,23 @@ class Session:
         if not isinstance(self.graph, Graph):
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
         self.seed = int(seed)
+        self.device = open_device(device, **device_options)
         self.client, self._owns_client = _client_for(cluster)
-        self.device, self.device_options = device, dict(device_options)
-        self.xp = np
-        self._gpu = None
-        if device != "cpu":
-            if not str(device).startswith("gpu"):
-                raise DeviceError(f"unknown device {device!r}; use 'cpu' or 'gpu'")
-            from workbench.gpu import GPU  # CuPy is imported only when a GPU is asked for
-
-            self._gpu = GPU(device, **device_options)
-            self.xp = self._gpu.xp
-        elif device_options:
-            raise DeviceError(f"device 'cpu' takes no options, got {', '.join(sorted(device_options))}")
         self.token = new_token("session")  # identity in events (never reused, unlike id())
         self.events = EventStream(parent=ROOT, session=self.token, graph=self.graph.token)
         self._state: dict[str, Any] = {}
-        self._plans: dict[tuple, tuple[Plan, list[str]]] = {}
+        self._plans = PlanCache()
         self._fits = 0
+
+    @property
+    def xp(self):
+        """The array namespace of the session's device."""
+        return self.device.xp
+
+    @property
+    def plans(self) -> PlanCache:
+        """The session's compiled plans (keyed by :class:`~workbench.graph.compile.PlanKey`)."""
+        return self._plans
 
     # -- variables ---------------------------------------------------------------------
     def initialize(self, names=None) -> None:
@@ -107,10 +108,7 @@ class Session:
     def variables(self) -> dict[str, np.ndarray]:
         """Variable name to a NumPy copy of its current value."""
         self._ensure_initialized([v.name for v in self.graph.variables])
-        return {name: np.array(self._to_host(value)) for name, value in self._state.items() if name in self.graph}
-
-    def _to_host(self, value):
-        return value if self._gpu is None else self._gpu.to_host(value)
+        return {name: np.array(self.device.to_host(value)) for name, value in self._state.items() if name in self.graph}
 
     # -- running -----------------------------------------------------------------------
     def run(self, fetches, feed_dict=None, check_numerics: bool = False):
@@ -134,29 +132,31 @@ class Session:
         if feed_dict and any(is_dask_array(v) for v in feed_dict.values()):
             return unflatten(self._run_sharded(names, feed_dict))
         feeds = self._check_feeds(feed_dict or {})
-        plan, order = self._plan(names, feeds)
-        if step is not None:
-            plan.run_count = step
+        plan = self._plan(names, feeds)
+        values = self._execute(plan, [feeds[n] for n in plan.feed_names], check_numerics, step)
+        values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
+        result = self.device.result
+        return unflatten([None if v is None else result(v) for v in values])
+
+    def _execute(self, plan: Plan, feed_values: list, check_numerics: bool, step: int | None) -> list:
+        """One run of ``plan`` on the device, with run events for whoever watches."""
         watched = self.events.wanted  # live views: which ops run, which one failed
         if watched:
             self.events.emit(RunStarted, ops=tuple(op.name for op in plan.step_ops))
         try:
-            feed_values = [feeds[n] for n in order]
-            if self._gpu is None:
-                values = plan.run(feed_values, check_numerics=check_numerics)
-            else:
-                values = self._gpu.run_plan(plan, feed_values, check_numerics=check_numerics)
+            values = self.device.run(plan, feed_values, check_numerics=check_numerics, step=step)
         except WorkbenchError as e:
             if watched:
                 self.events.emit(RunFailed, op=getattr(e, "op", None), error=str(e))
             raise
         if watched:
             self.events.emit(RunFinished)
-        values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
-        if self.xp is np:
-            values = _writable(values)
-        result = self._to_host if self._gpu is None else self._gpu.result
-        return unflatten([None if v is None else result(v) for v in values])
+        return values
+
+    def plan_for(self, fetches, feed_dict=None) -> Plan:
+        """The plan that ``run(fetches, feed_dict)`` runs (compiled now if it is not yet)."""
+        names = [self._fetch_name(f) for f in _flatten(fetches)[0]]
+        return self._plan(names, self._check_feeds(feed_dict or {}))
 
     def _run_sharded(self, names: list[str], feed_dict: dict) -> list:
         from workbench.cluster.infer import run_sharded
@@ -177,34 +177,21 @@ class Session:
         if _updated_variables(graph):
             raise GraphError("a run with dask-array feeds cannot update variables; fetch tensors only")
         self._ensure_initialized(variables)
-        values = {n: np.asarray(self._to_host(self._state[n])) for n in variables}
-        return run_sharded(self.graph, fetched, feeds, values, seed=self.seed)
+        values = {n: np.asarray(self.device.to_host(self._state[n])) for n in variables}
+        return run_sharded(graph, fetched, feeds, values, seed=self.seed, device=(self.device.kind, self.device.options))
 
-    def _plan(self, names: list[str], feeds: dict) -> tuple[Plan, list[str]]:
-        key = (tuple(names), tuple(sorted((n, v.dtype.str) for n, v in feeds.items())))
-        cached = self._plans.get(key)
-        if cached is not None:
-            return cached
+    def _plan(self, names: list[str], feeds: dict) -> Plan:
+        key = PlanKey.of(self.graph, names, feeds, self.device)
+        return self._plans.get(key, lambda: self._compile(names, feeds))
+
+    def _compile(self, names: list[str], feeds: dict) -> Plan:
         started = time.perf_counter()
-        graph = optimize(self.graph, names, fed=feeds)
-        if self._gpu is not None:
-            graph = self._gpu.rewrite(graph, names)
-        missing = [op for op in graph.operations if op.type == "placeholder" and op.name not in feeds]
-        if missing:
-            ph = missing[0].outputs[0]
-            raise FeedError(
-                f"placeholder {ph.name!r} (shape {_fmt(ph.shape)}, {ph.dtype}) must be fed to compute "
-                f"{', '.join(repr(n) for n in names)}"
-            )
-        order = [op.name for op in graph.operations if op.type == "placeholder"]
-        plan = Plan(graph, names, order, self.xp, self._state, seed=self.seed, own_state=True)
-        self._ensure_initialized(plan.variable_names + _updated_variables(graph))
-        self._plans[key] = (plan, order)
-        self.events.emit(
-            PlanCompiled, fetches=tuple(names), ops=len(self.graph.operations), steps=len(plan),
-            seconds=time.perf_counter() - started,
-        )  # fmt: skip
-        return plan, order
+        plan = compile_plan(self.graph, names, feeds, self.device, state=self._state, seed=self.seed, own_state=True)
+        self._ensure_initialized(plan.variable_names + _updated_variables(plan.graph))
+        seconds = time.perf_counter() - started
+        self.events.emit(PlanCompiled, fetches=tuple(names), ops=len(self.graph.operations), steps=len(plan),
+                         seconds=seconds, device=self.device.name)  # fmt: skip
+        return plan
 
     def _fetch_name(self, fetch) -> str:
         if isinstance(fetch, (Tensor, Operation)):
@@ -237,12 +224,17 @@ class Session:
         feeds = {}
         for key, value in feed_dict.items():
             ph = self._placeholder(key)
-            feeds[ph.name] = self._feed_value(ph, value) if self._gpu is None else self._gpu.feed(ph, value, self._feed_value)
+            feeds[ph.name] = self.device.put(self._feed_value(ph, value))
         return feeds
 
     def _feed_value(self, ph: Tensor, value, any_length: bool = False):
         """``value`` as an array of the placeholder's dtype, or FeedError; ``any_length``
-        accepts any size along the first axis (a whole data set)."""
+        accepts any size along the first axis (a whole data set). A device array is checked
+        on a zero-stride host stand-in and cast on the device."""
+        if value.__class__ is not np.ndarray and self.device.holds(value):
+            stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape, (0,) * value.ndim)
+            checked = self._feed_value(ph, stand_in, any_length)
+            return value if checked.dtype == value.dtype else value.astype(checked.dtype)
         array = np.asarray(value)
         if array.dtype != ph.dtype:  # not dtype.name: that is a Python property costing ~1.5 us a feed
             if array.dtype == object or not np.can_cast(array.dtype, ph.dtype, "same_kind"):
@@ -394,29 +386,34 @@ class Session:
         With ``strict=True`` every variable of the graph must be in the file.
         """
         loaded, _ = checkpoint.read(path)
+        self._set_checked(loaded, strict, f"checkpoint {os.fspath(path)!r}", "checkpoint")
+
+    def set_variables(self, values: dict, strict: bool = False) -> None:
+        """Set variables from ``values`` (name to array), after checking every name, shape and dtype.
+
+        With ``strict=True`` every variable of the graph must be given. Nothing
+        changes when a check fails (FormatError).
+        """
+        self._set_checked(values, strict, "values", "the")
+
+    def _set_checked(self, values: dict, strict: bool, where: str, label: str) -> None:
         graph_vars = {v.name: v for v in self.graph.variables}
-        unknown = sorted(set(loaded) - set(graph_vars))
+        unknown = sorted(set(values) - set(graph_vars))
         if unknown:
-            raise FormatError(f"checkpoint {os.fspath(path)!r} has variables this graph lacks: {', '.join(unknown)}")
-        missing = sorted(set(graph_vars) - set(loaded))
+            raise FormatError(f"{where} has variables this graph lacks: {', '.join(unknown)}")
+        missing = sorted(set(graph_vars) - set(values))
         if strict and missing:
-            raise FormatError(f"checkpoint {os.fspath(path)!r} lacks variables: {', '.join(missing)}")
-        for name, value in loaded.items():
+            raise FormatError(f"{where} lacks variables: {', '.join(missing)}")
+        arrays = {name: np.asarray(value) for name, value in values.items()}
+        for name, value in arrays.items():
             v = graph_vars[name]
             if value.shape != v.shape or value.dtype.name != v.dtype:
                 raise FormatError(
-                    f"checkpoint value of {name!r} is {value.dtype.name} {_fmt(value.shape)}, "
+                    f"{label} value of {name!r} is {value.dtype.name} {_fmt(value.shape)}, "
                     f"the variable is {v.dtype} {_fmt(v.shape)}"
                 )
-        for name, value in loaded.items():
-            self._state[name] = self.xp.asarray(value)
-
-
-def _writable(values: list) -> list:
-    """Fetched arrays the caller may change: copies of read-only ones (constants, broadcast
-    views). Values sharing memory with a variable are already copies: the plan, which owns
-    the variables' arrays, never hands one out."""
-    return [v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v for v in values]
+        for name, value in arrays.items():
+            self._state[name] = self.device.put(np.array(value))
 
 
 def _client_for(cluster):

@@ -74,7 +74,7 @@ class ClusterFit:
         if self.backups < 0:
             raise ClusterError(f"backup_replicas must be 0 or more, got {backup_replicas}")
         self.program = TrainingProgram.from_graph(
-            self.graph, train, fetches, seed=session.seed, device=session.device, device_options=session.device_options
+            self.graph, train, fetches, seed=session.seed, device=session.device.kind, device_options=session.device.options
         )
         missing = set(self.program.feeds) - set(data)
         if missing:
@@ -94,7 +94,7 @@ class ClusterFit:
                 raise ClusterError(f"checkpoint in {self.checkpoint_dir!r} lacks variables {sorted(missing)}")
             return {n: variables[n] for n in self.program.state_variables}, min(step, self.steps)
         self.session._ensure_initialized(self.program.state_variables)
-        return {n: np.asarray(self.session._to_host(self.session._state[n])) for n in self.program.state_variables}, 0
+        return {n: np.asarray(self.session.device.to_host(self.session._state[n])) for n in self.program.state_variables}, 0
 
     def _scatter(self, variables: dict, step: int) -> None:
         client = self.client

@@ -13,7 +13,8 @@ import os
 import sys
 import threading
 import uuid
-from typing import Any, Iterator, NamedTuple
+from dataclasses import dataclass
+from typing import Any, Iterator, NamedTuple, Mapping
 
 import numpy as np
 
@@ -46,6 +47,38 @@ def user_source() -> Source | None:
         return None
     filename, lineno = frame.f_code.co_filename, frame.f_lineno
     return Source(filename, lineno, linecache.getline(filename, lineno, frame.f_globals).strip())
+
+
+@dataclass(frozen=True)
+class TrainingRecord:
+    """How an optimizer built an update operation: what distributed training splits the graph by.
+
+    Attributes
+    ----------
+    update : str
+        The update operation's name.
+    gradients : tuple of (gradient tensor name, variable name)
+    loss : str or None
+        The loss tensor, when the update came from ``minimize``.
+    loss_scale : str
+        The variable of a dynamic loss scale, or "".
+    """
+
+    update: str
+    gradients: tuple[tuple[str, str], ...]
+    loss: str | None = None
+    loss_scale: str = ""
+
+    @property
+    def gradient_names(self) -> tuple[str, ...]:
+        return tuple(g for g, _ in self.gradients)
+
+    def to_dict(self) -> dict:
+        """The JSON form (see :mod:`workbench.graph.serialize`)."""
+        out: dict = {"loss": self.loss, "gradients": [list(p) for p in self.gradients]}
+        if self.loss_scale:
+            out["loss_scale"] = self.loss_scale
+        return out
 
 
 class Tensor:
@@ -183,10 +216,8 @@ class Graph:
         self._control: list[list[Operation]] = []
         self.version = 0  # grows with every change; sessions compile plans per version
         self.token = f"graph-{uuid.uuid4().hex[:12]}"  # identity in events (never reused, unlike id())
-        # update-op name -> {"loss": name or None, "gradients": [[gradient name, variable name], ...]}
-        # (and "loss_scale": the variable of a dynamic loss scale): how an optimizer built its update,
-        # which distributed training splits the graph by
-        self.training: dict[str, dict] = {}
+        # update-op name -> how an optimizer built that update (distributed training splits by it)
+        self.training: dict[str, TrainingRecord] = {}
 
     # -- context --------------------------------------------------------------------
     @contextlib.contextmanager

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from workbench.errors import FormatError, WorkbenchError
-from workbench.graph.core import Graph, Source
+from workbench.graph.core import Graph, Source, TrainingRecord
 from workbench.ops.registry import DTYPES, REGISTRY
 from workbench.ops.state import INITIALIZERS
 
@@ -44,7 +44,7 @@ def graph_to_json(graph: Graph, indent: int | None = None) -> str:
     if graph._aliases:
         doc["aliases"] = dict(graph._aliases)
     if graph.training:
-        doc["training"] = graph.training
+        doc["training"] = {name: record.to_dict() for name, record in graph.training.items()}
     return json.dumps(doc, indent=indent)
 
 
@@ -110,9 +110,7 @@ def _training(value, graph: Graph) -> dict:
         ok = ok and (scale is None or (isinstance(scale, str) and scale in graph))
         if not ok:
             raise FormatError(f"graph file has an invalid \"training\" record for {update!r}")
-        out[update] = {"loss": loss, "gradients": [list(p) for p in pairs]}
-        if scale is not None:
-            out[update]["loss_scale"] = scale
+        out[update] = TrainingRecord(update, tuple(tuple(p) for p in pairs), loss, scale or "")
     return out
 
 
