@@ -9,8 +9,9 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, DeviceError, FeedError, FormatError, GraphError, WorkbenchError
-from workbench.events import ROOT, EventStream, FitFinished, FitStarted, PlanCompiled, RunFailed, RunFinished, RunStarted, Step, new_token
+from workbench.errors import ClusterError, FeedError, FormatError, GraphError, WorkbenchError
+from workbench.events import ROOT, EventStream, PlanCompiled, RunFailed, RunFinished, RunStarted, new_token
+from workbench.fitloop import FitLoop, FitRequest, LocalSteps
 from workbench.devices import open_device
 from workbench.graph.compile import PlanCache, PlanKey, compile_plan
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
@@ -18,7 +19,7 @@ from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.state import initial_value
-from workbench.training import History, batch_indices, check_data, is_dask_array
+from workbench.training import History, check_data, is_dask_array
 
 
 class Session:
@@ -111,7 +112,7 @@ class Session:
         return {name: np.array(self.device.to_host(value)) for name, value in self._state.items() if name in self.graph}
 
     # -- running -----------------------------------------------------------------------
-    def run(self, fetches, feed_dict=None, check_numerics: bool = False):
+    def run(self, fetches, feed_dict=None, check_numerics: bool = False, step: int | None = None):
         """Compute ``fetches`` (a tensor, an operation, a name, or a list, tuple or dict of them).
 
         ``feed_dict`` maps placeholders (tensors or names) to values. Tensors come
@@ -122,11 +123,10 @@ class Session:
         Feeding dask arrays (split along the first axis) maps the run over their
         chunks and returns dask arrays: sharded inference, lazily, on whatever
         scheduler computes them (``sess.client.compute(...)`` on the session's cluster).
-        """
-        return self._run(fetches, feed_dict, check_numerics)
 
-    def _run(self, fetches, feed_dict, check_numerics: bool, step: int | None = None):
-        """:meth:`run`; with ``step`` (0-based) random ops draw for that training step, as on a cluster."""
+        With ``step`` (0-based), random ops (dropout) draw what training step
+        ``step + 1`` draws, locally or on a cluster; by default they draw anew each run.
+        """
         flat, unflatten = _flatten(fetches)
         names = [self._fetch_name(f) for f in flat]
         if feed_dict and any(is_dask_array(v) for v in feed_dict.values()):
@@ -266,6 +266,7 @@ class Session:
         sync_every: int = 20,
         workers=None,
         backup_replicas: int = 0,
+        strategy: str | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -289,7 +290,8 @@ class Session:
             Results match local training with the same global batch and seed.
         checkpoint_dir, checkpoint_every : optional
             Write the variables every ``checkpoint_every`` steps (atomically) and
-            resume from the newest checkpoint there when fit starts again.
+            resume from the newest checkpoint there when fit starts again. Without
+            ``checkpoint_every``: at the last step, and on a cluster at every sync.
         backup_replicas : int
             On a cluster: run this many extra shard computations per step and apply
             the first ``replicas`` to finish (Chen et al. 2016). Tolerates stragglers
@@ -297,6 +299,9 @@ class Session:
         window, sync_every, workers :
             Cluster tuning: steps in flight, steps between copies of the variables
             to the client (a lost worker costs at most that many), workers to use.
+        strategy : str, optional
+            On a cluster: the step engine (default ``"parameter_server"``; see
+            :mod:`workbench.cluster.engines`). Locally only ``"local"``.
 
         Returns
         -------
@@ -305,61 +310,42 @@ class Session:
             ``"samples_per_s"`` and each fetch (on a cluster also per-replica
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
-        arrays = {}
-        for key, value in data.items():
-            ph = self._placeholder(key)
-            arrays[ph.name] = value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
+        arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:
             steps = (epochs or 1) * (n // batch_size)
         labels, fetch_list = _fetch_labels(fetches)
         self._fits += 1
-        batch_seed = (self.seed, self._fits)
-        if self.client is not None:
-            from workbench.cluster.fit import ClusterFit
+        request = FitRequest(
+            self.graph, self._fetch_name(train), arrays, batch_size, steps,
+            dict(zip(labels, (self._fetch_name(f) for f in fetch_list))), (self.seed, self._fits), self.seed,
+            self.device, check_numerics,
+        )  # fmt: skip
+        if self.client is None:
+            if replicas not in (None, 1):
+                raise ClusterError(f"replicas={replicas} needs a cluster: create the session with cluster='local' or an address")
+            if strategy not in (None, "local"):
+                raise ClusterError(f"strategy={strategy!r} needs a cluster: create the session with cluster='local' or an address")
+            engine, every = LocalSteps(self, request), checkpoint_every
+        else:
+            from workbench.cluster.engines import DEFAULT_STRATEGY, make_engine
+            from workbench.cluster.options import ClusterOptions
 
-            fetch_names = [self._fetch_name(f) for f in fetch_list]
-            replicas = replicas or len(workers or self.client.scheduler_info().get("workers", {})) or 1
-            run = ClusterFit(
-                self, self.client, self.graph.get(self._fetch_name(train)), arrays, batch_size, steps, replicas,
-                fetch_names, labels, batch_seed, window=window, sync_every=sync_every,
-                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, workers=workers, callback=callback,
-                backup_replicas=backup_replicas,
-            )  # fmt: skip
-            return run.run()
-        if replicas not in (None, 1):
-            raise ClusterError(f"replicas={replicas} needs a cluster: create the session with cluster='local' or an address")
-        return self._fit_local(train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
-                               callback, checkpoint_dir, checkpoint_every)  # fmt: skip
-
-    def _fit_local(self, train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
-                   callback, checkpoint_dir, checkpoint_every) -> History:  # fmt: skip
-        start = 0
-        resumed = checkpoint.latest(checkpoint_dir)
-        if resumed is not None:
-            variables, start = resumed
-            self._state.update({k: self.xp.asarray(v) for k, v in variables.items() if k in self.graph})
-        history = History()
-        n = check_data(arrays)
-        self.events.emit(FitStarted, steps=steps, batch_size=batch_size, fetches=tuple(labels), start=start)
-        indices = batch_indices(n, batch_size, steps, seed=batch_seed, start=start)
-        for step, idx in enumerate(indices, start=start + 1):
-            started = time.perf_counter()
-            batch = {name: a[idx] for name, a in arrays.items()}
-            values = self._run([train, *fetch_list], batch, check_numerics, step=step - 1)
-            elapsed = time.perf_counter() - started
-            rate = batch_size / elapsed if elapsed > 0 else float("inf")
-            event = Step(session=self.token, graph=self.graph.token, step=step, time=elapsed, samples_per_s=rate,
-                         fetches=dict(zip(labels, (_scalar(v) for v in values[1:]))))  # fmt: skip
-            record = event.record()
-            history.append(record)
-            self.events.emit(event)
-            if callback is not None:
-                callback(record)
-            if checkpoint_dir is not None and (step % (checkpoint_every or steps) == 0 or step == steps):
-                checkpoint.save_step(checkpoint_dir, self.variables, step)
-        self.events.emit(FitFinished, steps=steps)
+            options = ClusterOptions(strategy or DEFAULT_STRATEGY, replicas, window, sync_every,
+                                     None if workers is None else tuple(workers), int(backup_replicas))  # fmt: skip
+            engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
+        loop = FitLoop(request, self.events, callback, checkpoint_dir, every)
+        history, final = loop.run(engine, self.variables)
+        self.set_variables(final)
         return history
+
+    def _fit_data(self, data: dict) -> dict:
+        """Placeholder name to checked examples (dask arrays cast lazily)."""
+        arrays = {}
+        for key, value in data.items():
+            ph = self._placeholder(key)
+            arrays[ph.name] = value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
+        return arrays
 
     def close(self) -> None:
         """Close the cluster client (and local cluster) this session started, if any."""
@@ -439,13 +425,6 @@ def _updated_variables(graph: Graph) -> list[str]:
 
 def _fmt(shape) -> str:
     return "any" if shape is None else rules.fmt(shape)
-
-
-def _scalar(value):
-    if value is None:
-        return None
-    array = np.asarray(value)
-    return float(array) if array.ndim == 0 else array
 
 
 def _fetch_labels(fetches) -> tuple[list[str], list]:

@@ -2,7 +2,8 @@
 
 This is the figure distributed TensorFlow was announced with (throughput,
 speedup and efficiency against the number of workers), measured on the user's
-cluster with the user's graph.
+cluster with the user's graph. A study is a client of sessions: it sits above
+:mod:`workbench.session`, and its events carry the study's own token.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 
 from workbench.errors import ClusterError
 from workbench.events import ROOT, ScalingFinished, ScalingPoint, ScalingStarted, new_token
+from workbench.session import Session
 
 
 @dataclass
@@ -67,7 +69,6 @@ def scaling_study(
         ``max(workers)`` workers.
     """
     from workbench.cluster.connect import close, connect, default_client
-    from workbench.session import Session
 
     counts = sorted({int(k) for k in workers})
     if not counts or counts[0] < 1:
