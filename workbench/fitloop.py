@@ -134,8 +134,14 @@ class FitLoop:
         ``checkpoint_every`` steps and at the last step.
     """
 
-    def __init__(self, request: FitRequest, events: EventStream, callback: Callable[[dict], Any] | None = None,
-                 checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None):  # noqa: E501
+    def __init__(
+        self,
+        request: FitRequest,
+        events: EventStream,
+        callback: Callable[[dict], Any] | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+    ):
         self.request, self.events, self.callback = request, events, callback
         self.checkpoint_dir = checkpoint_dir
         self.every = checkpoint_every or request.steps
@@ -162,8 +168,16 @@ class FitLoop:
         variables, start = self.resume(variables)
         engine.start(variables, start)
         try:
-            self.events.emit(FitStarted, steps=req.steps, batch_size=req.batch_size, fetches=tuple(req.fetches),
-                             start=start, strategy=engine.strategy, replicas=engine.replicas, workers=engine.workers)
+            self.events.emit(
+                FitStarted,
+                steps=req.steps,
+                batch_size=req.batch_size,
+                fetches=tuple(req.fetches),
+                start=start,
+                strategy=engine.strategy,
+                replicas=engine.replicas,
+                workers=engine.workers,
+            )
             last = time.perf_counter()
             for outcome in engine.run(start + 1, req.steps, self.sync_at):
                 now = time.perf_counter()
@@ -181,8 +195,15 @@ class FitLoop:
     def _record(self, outcome: StepOutcome, seconds: float) -> None:
         rate = self.request.batch_size / seconds if seconds > 0 else float("inf")
         tags = self.events.tags
-        event = Step(session=tags.get("session", ""), graph=tags.get("graph", ""), step=outcome.step, time=seconds,
-                     samples_per_s=rate, fetches=dict(outcome.fetches), metrics=dict(outcome.metrics))
+        event = Step(
+            session=tags.get("session", ""),
+            graph=tags.get("graph", ""),
+            step=outcome.step,
+            time=seconds,
+            samples_per_s=rate,
+            fetches=dict(outcome.fetches),
+            metrics=dict(outcome.metrics),
+        )
         record = event.record()
         self.history.append(record)
         self.events.emit(event)

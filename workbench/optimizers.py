@@ -200,7 +200,7 @@ def _unused_scope(graph, base: str) -> str:
     so that a second optimizer never collides with the first one's variables."""
     prefix = "/".join(graph._scopes + [""])
     used = {op.name[len(prefix):].split("/")[0] for op in graph.operations if op.name.startswith(prefix)}
-    used.update(a[len(prefix):].split("/")[0] for a in graph._aliases if a.startswith(prefix))
+    used.update(a[len(prefix):].split("/")[0] for a in graph.aliases if a.startswith(prefix))
     scope, i = base, 0
     while scope in used:
         i += 1

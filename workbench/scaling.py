@@ -80,28 +80,40 @@ def scaling_study(
         if max(counts) > len(available):
             raise ClusterError(f"the cluster has {len(available)} workers; the study asks for {max(counts)}")
         study = ScalingStudy(batch_size=batch_size, steps=steps)
-        token = new_token("study")
-        ROOT.emit(ScalingStarted(session=token, graph=graph.token, workers=tuple(counts), batch_size=batch_size, steps=steps))
+        ids = {"session": new_token("study"), "graph": graph.token}
+        ROOT.emit(ScalingStarted(**ids, workers=tuple(counts), batch_size=batch_size, steps=steps))
         for k in counts:
             sess = Session(graph, seed=seed, cluster=client)
+            total = warmup + steps
             history = sess.fit(
-                train, data, batch_size=batch_size, steps=warmup + steps, replicas=k,
-                workers=available[:k], fetches=fetches, sync_every=max(warmup + steps, 1),
-            )  # fmt: skip
-            measured = history.records[warmup:] or history.records
-            seconds = sum(r["time"] for r in measured)
-            row = {
-                "workers": k,
-                "samples_per_s": len(measured) * batch_size / seconds,
-                "step_seconds": seconds / len(measured),
-            }
-            base = study.rows[0] if study.rows else row
-            row["speedup"] = row["samples_per_s"] / base["samples_per_s"] * base["workers"]
-            row["efficiency"] = row["speedup"] / k
+                train,
+                data,
+                batch_size=batch_size,
+                steps=total,
+                replicas=k,
+                workers=available[:k],
+                fetches=fetches,
+                sync_every=max(total, 1),
+            )
+            row = _row(k, history.records[warmup:] or history.records, batch_size, study.rows)
             study.rows.append(row)
-            ROOT.emit(ScalingPoint(session=token, graph=graph.token, **row))
-        ROOT.emit(ScalingFinished(session=token, graph=graph.token, rows=tuple(study.rows)))
+            ROOT.emit(ScalingPoint(**ids, **row))
+        ROOT.emit(ScalingFinished(**ids, rows=tuple(study.rows)))
         return study
     finally:
         if owned:
             close(client)
+
+
+def _row(workers: int, measured: list[dict], batch_size: int, rows: list[dict]) -> dict:
+    """One worker count's row; speedup against the first row (scaled to its count)."""
+    seconds = sum(r["time"] for r in measured)
+    row = {
+        "workers": workers,
+        "samples_per_s": len(measured) * batch_size / seconds,
+        "step_seconds": seconds / len(measured),
+    }
+    base = rows[0] if rows else row
+    row["speedup"] = row["samples_per_s"] / base["samples_per_s"] * base["workers"]
+    row["efficiency"] = row["speedup"] / workers
+    return row

@@ -189,8 +189,10 @@ class Session:
         plan = compile_plan(self.graph, names, feeds, self.device, state=self._state, seed=self.seed, own_state=True)
         self._ensure_initialized(plan.variable_names + _updated_variables(plan.graph))
         seconds = time.perf_counter() - started
-        self.events.emit(PlanCompiled, fetches=tuple(names), ops=len(self.graph.operations), steps=len(plan),
-                         seconds=seconds, device=self.device.name)  # fmt: skip
+        ops = len(self.graph.operations)
+        self.events.emit(
+            PlanCompiled, fetches=tuple(names), ops=ops, steps=len(plan), seconds=seconds, device=self.device.name
+        )
         return plan
 
     def _fetch_name(self, fetch) -> str:
@@ -292,16 +294,11 @@ class Session:
             Write the variables every ``checkpoint_every`` steps (atomically) and
             resume from the newest checkpoint there when fit starts again. Without
             ``checkpoint_every``: at the last step, and on a cluster at every sync.
-        backup_replicas : int
-            On a cluster: run this many extra shard computations per step and apply
-            the first ``replicas`` to finish (Chen et al. 2016). Tolerates stragglers
-            but gives up exact reproducibility; records count the dropped gradients.
-        window, sync_every, workers :
-            Cluster tuning: steps in flight, steps between copies of the variables
-            to the client (a lost worker costs at most that many), workers to use.
-        strategy : str, optional
-            On a cluster: the step engine (default ``"parameter_server"``; see
-            :mod:`workbench.cluster.engines`). Locally only ``"local"``.
+        window, sync_every, workers, backup_replicas, strategy :
+            Cluster options (see :class:`workbench.cluster.ClusterOptions`): steps in
+            flight, steps between host copies of the variables, the workers to use,
+            extra shards per step whose slowest are dropped (Chen et al. 2016), and the
+            step engine (default ``"parameter_server"``; locally only ``"local"``).
 
         Returns
         -------
@@ -310,34 +307,48 @@ class Session:
             ``"samples_per_s"`` and each fetch (on a cluster also per-replica
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
+        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics)
+        if self.client is None:
+            engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
+        else:
+            from workbench.cluster.engines import DEFAULT_STRATEGY, make_engine
+            from workbench.cluster.options import ClusterOptions
+
+            chosen = tuple(workers) if workers is not None else None
+            options = ClusterOptions(strategy or DEFAULT_STRATEGY, replicas, window, sync_every, chosen, backup_replicas)
+            engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
+        history, final = FitLoop(request, self.events, callback, checkpoint_dir, every).run(engine, self.variables)
+        self.set_variables(final)
+        return history
+
+    def _local_engine(self, request: FitRequest, replicas, strategy) -> LocalSteps:
+        needs = "needs a cluster: create the session with cluster='local' or an address"
+        if replicas not in (None, 1):
+            raise ClusterError(f"replicas={replicas} {needs}")
+        if strategy not in (None, "local"):
+            raise ClusterError(f"strategy={strategy!r} {needs}")
+        return LocalSteps(self, request)
+
+    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics) -> FitRequest:
+        """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
         arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:
             steps = (epochs or 1) * (n // batch_size)
         labels, fetch_list = _fetch_labels(fetches)
         self._fits += 1
-        request = FitRequest(
-            self.graph, self._fetch_name(train), arrays, batch_size, steps,
-            dict(zip(labels, (self._fetch_name(f) for f in fetch_list))), (self.seed, self._fits), self.seed,
-            self.device, check_numerics,
-        )  # fmt: skip
-        if self.client is None:
-            if replicas not in (None, 1):
-                raise ClusterError(f"replicas={replicas} needs a cluster: create the session with cluster='local' or an address")
-            if strategy not in (None, "local"):
-                raise ClusterError(f"strategy={strategy!r} needs a cluster: create the session with cluster='local' or an address")
-            engine, every = LocalSteps(self, request), checkpoint_every
-        else:
-            from workbench.cluster.engines import DEFAULT_STRATEGY, make_engine
-            from workbench.cluster.options import ClusterOptions
-
-            options = ClusterOptions(strategy or DEFAULT_STRATEGY, replicas, window, sync_every,
-                                     None if workers is None else tuple(workers), int(backup_replicas))  # fmt: skip
-            engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
-        loop = FitLoop(request, self.events, callback, checkpoint_dir, every)
-        history, final = loop.run(engine, self.variables)
-        self.set_variables(final)
-        return history
+        return FitRequest(
+            graph=self.graph,
+            train=self._fetch_name(train),
+            data=arrays,
+            batch_size=batch_size,
+            steps=steps,
+            fetches={label: self._fetch_name(f) for label, f in zip(labels, fetch_list)},
+            batch_seed=(self.seed, self._fits),
+            seed=self.seed,
+            device=self.device,
+            check_numerics=check_numerics,
+        )
 
     def _fit_data(self, data: dict) -> dict:
         """Placeholder name to checked examples (dask arrays cast lazily)."""

@@ -38,6 +38,7 @@ class ClusterOptions:
     step_timeout: float = 300.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "backup_replicas", int(self.backup_replicas))
         if self.backup_replicas < 0:
             raise ClusterError(f"backup_replicas must be 0 or more, got {self.backup_replicas}")
         if self.replicas is not None and self.replicas < 1:

@@ -175,11 +175,11 @@ class WorkerPlans:
         self.update_state: dict[str, Any] = {}
         replica = Graph.from_json(program.replica_json)
         fetches = [*program.gradients, *program.fetches]
-        self.replica = compile_plan(replica, fetches, program.feeds, device, state=self.replica_state,
-                                    seed=program.seed, optimized=True)  # fmt: skip
+        shipped = {"seed": program.seed, "optimized": True}  # the client pruned and optimized both graphs
+        self.replica = compile_plan(replica, fetches, program.feeds, device, state=self.replica_state, **shipped)
         update = Graph.from_json(program.update_json)
-        self.update = compile_plan(update, [program.train], program.gradient_ops, device, state=self.update_state,
-                                   seed=program.seed, optimized=True)  # fmt: skip
+        trains = [program.train]
+        self.update = compile_plan(update, trains, program.gradient_ops, device, state=self.update_state, **shipped)
         self.update_order = [program.gradient_ops.index(n) for n in self.update.feed_names]
 
     def variables(self, state: dict, names) -> dict:

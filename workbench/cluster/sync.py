@@ -71,8 +71,15 @@ class Coordinator:
         writes checkpoints.
     """
 
-    def __init__(self, start: int, steps: int, window: int = 4, sync_every: int = 10, max_restarts: int = 5,
-                 sync_at: Callable[[int], bool] | None = None):  # noqa: E501
+    def __init__(
+        self,
+        start: int,
+        steps: int,
+        window: int = 4,
+        sync_every: int = 10,
+        max_restarts: int = 5,
+        sync_at: Callable[[int], bool] | None = None,
+    ):
         if window < 1 or sync_every < 1:
             raise ValueError("window and sync_every must be positive")
         self.steps, self.window, self.sync_every, self.max_restarts = steps, window, sync_every, max_restarts

@@ -78,8 +78,9 @@ def compile_plan(
             f"{', '.join(repr(n) for n in fetches)}"
         )
     order = [op.name for op in placeholders]
-    return Plan(pruned, fetches, order, device.xp, {} if state is None else state, seed=seed, own_state=own_state,
-                compilers=device.fused_compilers)  # fmt: skip
+    state = {} if state is None else state
+    compilers = device.fused_compilers
+    return Plan(pruned, fetches, order, device.xp, state, seed=seed, own_state=own_state, compilers=compilers)
 
 
 def feed_signature(feeds: Mapping[str, Any]) -> tuple:

@@ -13,29 +13,20 @@ import os
 import sys
 import threading
 import uuid
-from dataclasses import dataclass
-from typing import Any, Iterator, NamedTuple, Mapping
+import types
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from workbench import ops
 from workbench.errors import DTypeError, GraphError, ShapeError
 from workbench.graph import precision
+from workbench.graph.records import Source, TrainingRecord
+from workbench.graph.serialize import graph_from_json, graph_to_json
 from workbench.ops import registry, rules
 from workbench.ops.registry import TensorSpec
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Source(NamedTuple):
-    """Where the user created an operation."""
-
-    filename: str
-    lineno: int
-    code: str
-
-    def __str__(self) -> str:
-        return f'File "{self.filename}", line {self.lineno}: {self.code}' if self.code else f'File "{self.filename}", line {self.lineno}'
 
 
 def user_source() -> Source | None:
@@ -47,38 +38,6 @@ def user_source() -> Source | None:
         return None
     filename, lineno = frame.f_code.co_filename, frame.f_lineno
     return Source(filename, lineno, linecache.getline(filename, lineno, frame.f_globals).strip())
-
-
-@dataclass(frozen=True)
-class TrainingRecord:
-    """How an optimizer built an update operation: what distributed training splits the graph by.
-
-    Attributes
-    ----------
-    update : str
-        The update operation's name.
-    gradients : tuple of (gradient tensor name, variable name)
-    loss : str or None
-        The loss tensor, when the update came from ``minimize``.
-    loss_scale : str
-        The variable of a dynamic loss scale, or "".
-    """
-
-    update: str
-    gradients: tuple[tuple[str, str], ...]
-    loss: str | None = None
-    loss_scale: str = ""
-
-    @property
-    def gradient_names(self) -> tuple[str, ...]:
-        return tuple(g for g, _ in self.gradients)
-
-    def to_dict(self) -> dict:
-        """The JSON form (see :mod:`workbench.graph.serialize`)."""
-        out: dict = {"loss": self.loss, "gradients": [list(p) for p in self.gradients]}
-        if self.loss_scale:
-            out["loss_scale"] = self.loss_scale
-        return out
 
 
 class Tensor:
@@ -262,13 +221,26 @@ class Graph:
         # alias names (left by passes) stay reserved so that lookups stay unambiguous
         return name in self._by_name or name in self._aliases
 
-    def _resolve(self, name: str) -> str:
+    def resolve(self, name: str) -> str:
         """The op name that ``name`` refers to: itself, or the target of an alias (chains followed)."""
         for _ in range(len(self._aliases) + 1):
             if name in self._by_name or name not in self._aliases:
                 return name
             name = self._aliases[name]
         return name
+
+    @property
+    def aliases(self) -> Mapping[str, str]:
+        """Names of ops that passes removed (merged, folded, fused) to the op that now stands
+        for each (read-only; see :meth:`set_aliases`)."""
+        return types.MappingProxyType(self._aliases)
+
+    def set_aliases(self, aliases: Mapping[str, str]) -> None:
+        """Replace the aliases (what a pass does for the graph it builds): chains are followed,
+        and only aliases that end at an op of this graph, and shadow none, are kept."""
+        self._aliases = dict(aliases)
+        resolved = {a: self.resolve(a) for a in aliases if a not in self._by_name}
+        self._aliases = {a: t for a, t in resolved.items() if t in self._by_name}
 
     def add_op(self, op_type: str, inputs, attrs: dict, name: str | None = None, control_inputs=(), source=None):
         """Add an operation after checking it with its op's shape rule; returns the Operation."""
@@ -303,7 +275,7 @@ class Graph:
         if not isinstance(name, str):
             raise GraphError(f"expected a name, got {name!r}")
         base, _, index = name.partition(":")
-        base = self._resolve(base)
+        base = self.resolve(base)
         op = self._by_name.get(base)
         if op is None:
             raise GraphError(f"graph {self.name!r} has no tensor or operation named {name!r}")
@@ -315,13 +287,13 @@ class Graph:
         return op.outputs[i]
 
     def operation(self, name: str) -> Operation:
-        op = self._by_name.get(self._resolve(name))
+        op = self._by_name.get(self.resolve(name))
         if op is None:
             raise GraphError(f"graph {self.name!r} has no operation named {name!r}")
         return op
 
     def __contains__(self, name: str) -> bool:
-        return self._resolve(name) in self._by_name
+        return self.resolve(name) in self._by_name
 
     @property
     def variables(self) -> list[Variable]:
@@ -344,16 +316,12 @@ class Graph:
     # -- files ----------------------------------------------------------------------
     def to_json(self, indent: int | None = None) -> str:
         """The graph as versioned JSON, initial values included (see :mod:`workbench.graph.serialize`)."""
-        from workbench.graph.serialize import graph_to_json
-
         return graph_to_json(self, indent=indent)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Graph:
         """Rebuild a graph from :meth:`to_json` output; never executes code from the file."""
-        from workbench.graph.serialize import graph_from_json
-
-        return graph_from_json(text)
+        return graph_from_json(text, cls)
 
 
 def _check_name(name: str) -> None:

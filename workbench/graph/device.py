@@ -58,8 +58,9 @@ class Device(Protocol):
     def result(self, value) -> Any:
         """What ``Session.run`` hands back for a fetched device value."""
 
-    def run(self, plan, feeds: list, *, check_numerics: bool = False, step: int | None = None,
-            row_offset: int = 0) -> list:  # fmt: skip
+    def run(
+        self, plan, feeds: list, *, check_numerics: bool = False, step: int | None = None, row_offset: int = 0
+    ) -> list:
         """``plan.run(feeds, ...)`` on this device; returns the fetched device values."""
 
 

@@ -185,7 +185,7 @@ class Plan:
                 and _holds_result(current, args)
                 and not _shared(current, slots, guard)
                 and (plan._disjoint or not _viewed(current, state.values(), but=current))
-            ):  # fmt: skip
+            ):
                 return inplace(current, current, *args)
             # an array, not a NumPy scalar (what 0-d arithmetic gives), so later updates can write into it
             state[name] = value = fresh[name] = xp.asarray(kernel(current, *args))

@@ -146,12 +146,22 @@ class TrainingModel:
         """Everything the front end draws, as JSON-able data."""
         curves = {k: s.view() for k, s in self.series.items()}
         return {
-            "status": self.status, "steps": self.steps, "step": self.step, "batch_size": self.batch_size,
-            "elapsed": self.elapsed, "eta": self.eta, "samples_per_s": self.samples_per_s,
-            "curves": curves, "throughput": self.throughput.view(),
-            "workers": self.utilization(), "replicas": self.replicas, "dropped": self.dropped, "restarts": self.restarts, "start": self.start,
+            "status": self.status,
+            "steps": self.steps,
+            "step": self.step,
+            "batch_size": self.batch_size,
+            "elapsed": self.elapsed,
+            "eta": self.eta,
+            "samples_per_s": self.samples_per_s,
+            "curves": curves,
+            "throughput": self.throughput.view(),
+            "workers": self.utilization(),
+            "replicas": self.replicas,
+            "dropped": self.dropped,
+            "restarts": self.restarts,
+            "start": self.start,
             "error": self.error,
-        }  # fmt: skip
+        }
 
 
 def _finite(value) -> bool:
