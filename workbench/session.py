@@ -78,6 +78,11 @@ class Session:
         return self.device.xp
 
     @property
+    def device_options(self) -> dict:
+        """The options the device was opened with (those that differ from its defaults)."""
+        return dict(self.device.options)
+
+    @property
     def plans(self) -> PlanCache:
         """The session's compiled plans (keyed by :class:`~workbench.graph.compile.PlanKey`)."""
         return self._plans

@@ -53,7 +53,8 @@ def run_chunk(program: InferenceProgram, variables: dict, constants: tuple, *chu
     """The fetches for one chunk of the fed arrays (NumPy, whatever the device)."""
     plan = PLANS.get(program.digest, lambda: _compile(program))
     device = open_worker_device(program.device, program.device_options)
-    plan.state.clear()
+    # every chunk of a program sets the same names: no clear(), which would race with
+    # chunks running in other threads of this process
     plan.state.update({n: device.put(np.asarray(v)) for n, v in variables.items()})
     values = dict(zip(program.feeds, chunks))
     values.update(zip(program.constants, constants))
