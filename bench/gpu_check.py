@@ -54,14 +54,16 @@ class Env:
         self.session_options = {"device": "gpu", "emulate": True} if dry else {"device": "gpu"}
         if dry:
             self.cp, self.xp, self.name = None, np, f"NumPy {np.__version__} (dry run, no GPU)"
+            self.compilers = ()
         else:
             from workbench.gpu import GPU, import_cupy
 
             self.cp, self.xp, _ = import_cupy()
-            self.gpu = GPU()  # registers the fused-kernel compiler, also for the plans timed directly
+            self.gpu = GPU()  # its fused-kernel compilers also serve the plans timed directly
             props = self.cp.cuda.runtime.getDeviceProperties(0)
             name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
             self.name = f"{name}, CuPy {self.cp.__version__}, CUDA runtime {self.cp.cuda.runtime.runtimeGetVersion()}"
+            self.compilers = self.gpu.fused_compilers
         try:
             import torch
 
@@ -248,7 +250,7 @@ def check_training_step(env, report) -> bool:
         bound = BOUNDS[dtype] * (50 if dtype == "float32" else 1e3)  # three Adam steps amplify rounding
         passed = loss_err <= bound and weight_err <= bound
         ok &= passed
-        (plan, _), *_ = sess._plans.values()
+        plan, *_ = sess.plans.values()
         fused = sum(op.type == "fused_elementwise" for op in plan.step_ops)
         tail = [op.type for op in plan.step_ops if op.type in ("fused_update", "softmax_cross_entropy_with_grad")]
         rows[dtype] = {"loss_rel_err": loss_err, "weights_rel_err": weight_err, "bound": bound, "kernel_calls": len(plan),
@@ -299,7 +301,7 @@ def check_graph_replay(env, report, X, Y, sizes) -> bool:
     g, train, loss = mlp_graph(sizes, "float32")
     plain = wb.Session(g, seed=3, **env.session_options, cuda_graphs=False)
     graphs = wb.Session(g, seed=3, **env.session_options, cuda_graphs=True)
-    capture = getattr(graphs._gpu, "capture", None)
+    capture = getattr(graphs.device, "capture", None)
     if capture is not None and getattr(capture, "blas_error", None):
         print(f"  capturable cuBLAS unavailable: {capture.blas_error}")
     events = []
@@ -308,15 +310,15 @@ def check_graph_replay(env, report, X, Y, sizes) -> bool:
     losses = [(plain.run([train, loss], feed)[1], graphs.run([train, loss], feed)[1]) for _ in range(6)]
     loss_err = max(abs(a - b) / abs(a) for a, b in losses)
     weight_err = max(rel_error(graphs.variables[k], v) for k, v in plain.variables.items())
-    replays = graphs._gpu.graph_replays
+    replays = graphs.device.graph_replays
     bound = 1e-5
     passed = loss_err <= bound and weight_err <= bound and (env.dry or replays == 3)
     print(f"CUDA graph replay, 6 steps: loss rel err {loss_err:.2e}, weights rel err {weight_err:.2e} (bound {bound:.0e}); "
           f"{replays} replays (expected {'0 in a dry run' if env.dry else 3}) -> {'ok' if passed else 'FAIL'}")  # fmt: skip
-    for plan_graphs in graphs._gpu._graphs.values():  # why a plan was or was not captured
+    for plan_graphs in graphs.device.plan_graphs():  # why a plan was or was not captured
         print(f"  plan of {len(plan_graphs.plan.steps)} steps: obstacle {plan_graphs.obstacle!r}, "
               f"signatures ready {len(plan_graphs.ready)}, captures {plan_graphs.captures}, replays {plan_graphs.replays}")
-        fresh = [n for n in plan_graphs.names if graphs._state.get(n) is None]
+        fresh = [n for n in plan_graphs.names if plan_graphs.plan.state.get(n) is None]
         if fresh:
             print(f"  variables missing from the state: {fresh}")
     for e in events:
@@ -331,10 +333,10 @@ def check_codegen(env, report) -> bool:
     g, train, loss = mlp_graph([32, 64, 10], "float32")
     sess = wb.Session(g, **env.session_options)
     sess.run(train, {"x": np.zeros((8, 32), np.float32), "y": np.zeros(8, np.int64)})
-    (plan, _), = sess._plans.values()
+    (plan,) = sess.plans.values()
     ops_ = [op for op in plan.step_ops if op.type == "fused_elementwise"]
     missing = [op.name for op in ops_ if codegen.kernel_source(op.attrs["program"], [t.dtype for t in op.inputs]) is None]
-    compiled = None if env.dry else sess._gpu.kernels.compiled
+    compiled = None if env.dry else sess.device.kernels.compiled
     print(f"fused programs in an Adam MLP step: {len(ops_)}, without CUDA source: {missing or 'none'}"
           + ("" if compiled is None else f", ElementwiseKernels built so far: {compiled}"))  # fmt: skip
     report["codegen"] = {"programs": len(ops_), "without_source": missing, "compiled": compiled}
@@ -408,14 +410,16 @@ def measure_fused(env, report, copy_gbps, dry):
             q = wb.placeholder("b", shape=shape)
             out = chain(p, q)
         fused = fuse_elementwise(g, keep=[out.name], supported=codegen.supports_op)
-        plans = {kind: Plan(graph, [out.name], ["a", "b"], env.xp, {}) for kind, graph in (("fused", fused), ("unfused", g))}
+        plans = {kind: Plan(graph, [out.name], ["a", "b"], env.xp, {}, compilers=env.compilers)
+                 for kind, graph in (("fused", fused), ("unfused", g))}  # fmt: skip
         result = {}
         for kind, plan in plans.items():
             t = env.time(lambda: plan.run([a, b]), repeats=5, number=10)
             result[kind] = 3 * a.nbytes / t / 1e9  # two inputs read, one output written
         (op,) = [op for op in fused.operations if op.type == "fused_elementwise"]
         kernel = REGISTRY["fused_elementwise"].kernel
-        t = env.time(lambda: kernel(env.xp, a, b, program=op.attrs["program"]), repeats=5, number=10)
+        program = op.attrs["program"]
+        t = env.time(lambda: kernel(env.xp, a, b, program=program, compilers=env.compilers), repeats=5, number=10)
         result["kernel"] = 3 * a.nbytes / t / 1e9  # the kernel call alone, without the plan around it
         check = rel_error(env.to_host(plans["fused"].run([a, b])[0]), env.to_host(plans["unfused"].run([a, b])[0]))
         fraction = result["fused"] / copy_gbps
@@ -441,8 +445,8 @@ def bench_host_overhead(env, report):
     sess = wb.Session(g, **env.session_options)
     dx, dy = env.to_device(X), env.to_device(Y)
     sess.run(train, {"x": dx, "y": dy})
-    (plan, _), *_ = sess._plans.values()
-    kernels = getattr(sess._gpu, "kernels", None)
+    plan, *_ = sess.plans.values()
+    kernels = getattr(sess.device, "kernels", None)
     vector_before = getattr(kernels, "vector_calls", 0)
     repeats, number = 5, 100
     step = env.time(lambda: sess.run(train, {"x": dx, "y": dy}), repeats=repeats, number=number)
@@ -453,7 +457,7 @@ def bench_host_overhead(env, report):
         captured.run(train, {"x": dx, "y": dy})
     row["captured_us"] = env.time(lambda: captured.run(train, {"x": dx, "y": dy}), repeats=repeats, number=number) * 1e6
     row["captured_host_us"] = host_time(env, lambda: captured.run(train, {"x": dx, "y": dy}), number) * 1e6
-    row["captured_replays"] = captured._gpu.graph_replays
+    row["captured_replays"] = captured.device.graph_replays
     torch = env.torch
     if torch is not None:
         model, opt = torch_mlp_step(env, sizes, batch)
@@ -521,7 +525,7 @@ def bench_mlp(env, report, dry, limit):
         wb_host = 1 / env.time(lambda: sess.run(train, {"x": X, "y": Y}), number=20)
         wb_plain = 1 / env.time(lambda: plain.run(train, {"x": dx, "y": dy}), number=20)
         row = {"model": "mlp " + "-".join(map(str, sizes)), "batch": batch, "workbench": wb_dev, "workbench_host_feeds": wb_host,
-               "workbench_no_graphs": wb_plain, "graph_replays": sess._gpu.graph_replays}  # fmt: skip
+               "workbench_no_graphs": wb_plain, "graph_replays": sess.device.graph_replays}  # fmt: skip
         if torch is not None:
             model, opt = torch_mlp_step(env, sizes, batch)
             tx, ty = torch.from_numpy(X).to(env.torch_device), torch.from_numpy(Y).to(env.torch_device)
@@ -546,7 +550,7 @@ def bench_mlp(env, report, dry, limit):
         rows.append({"model": row["model"] + " f16", "batch": batch,
                      "workbench": 1 / env.time(lambda: mixed.run(train16, {"x": dx, "y": dy}), number=20),
                      "workbench_no_graphs": 1 / env.time(lambda: mixed_plain.run(train16, {"x": dx, "y": dy}), number=20),
-                     "graph_replays": mixed._gpu.graph_replays})  # fmt: skip
+                     "graph_replays": mixed.device.graph_replays})  # fmt: skip
         rows[-1]["vs_float32"] = rows[-1]["workbench"] / row["workbench"]
         print(f"batch {batch}: float16 compute {rows[-1]['vs_float32']:.2f}x float32; bfloat16: not run "
               "(CuPy arrays have no bfloat16 dtype; the generator writes bfloat16 kernels, see gpu/codegen.py)")
@@ -595,7 +599,7 @@ def bench_cnn(env, dry, limit):
     row = {"model": f"cnn conv16-conv32 {size}x{size}", "batch": batch,
            "workbench": 1 / env.time(lambda: sess.run(train, {"x": dx, "y": dy}), repeats=3, number=5),
            "workbench_no_graphs": 1 / env.time(lambda: plain.run(train, {"x": dx, "y": dy}), repeats=3, number=5)}  # fmt: skip
-    row["graph_replays"] = sess._gpu.graph_replays
+    row["graph_replays"] = sess.device.graph_replays
     if torch is not None:
         nn = torch.nn
         model = nn.Sequential(

@@ -121,7 +121,7 @@ class Check:
     def workers_on_gpu(self) -> None:
         from workbench.cluster import program
 
-        seen = self.client.run(lambda: sorted(repr(g) for g in program._GPUS.values()))
+        seen = self.client.run(lambda: sorted(repr(d) for d in program.opened_devices() if d.kind == "gpu"))
         sends = self.client.run(lambda dask_worker: getattr(dask_worker, "workbench_device_transfers", "n/a (NumPy)"))
         print(f"  workers ran on: {seen}; CuPy arrays sent by {sorted(set(sends.values()))}", flush=True)
         on_gpu = all(s and all(("emulated" in r) == self.args.dry_run for r in s) for s in seen.values())

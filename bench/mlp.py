@@ -192,7 +192,7 @@ def check_same_model(params, xs, ys) -> float:
 def check_float32(sess, train, x, y, xb, yb) -> list[str]:
     """Names of ops in the training plan whose outputs are not float32 (besides labels and masks)."""
     sess.run(train, {x: xb, y: yb})
-    (plan, _), *_ = sess._plans.values()
+    plan = sess.plan_for(train, {x: xb, y: yb})
     bad = []
     for op in plan.step_ops:
         for t in op.outputs:

@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workbench as wb  # noqa: E402
 from workbench.gpu.kernels import FusedKernels  # noqa: E402
 from workbench.graph.plan import Plan  # noqa: E402
-from workbench.ops import fused  # noqa: E402
 
 
 class _Flags:
@@ -215,9 +214,11 @@ def mlp_plan(sizes, batch):
     g, train, _ = mlp_graph(sizes, "float32")
     sess = wb.Session(g, device="gpu", emulate=True)
     sess.run(train, {"x": X, "y": Y})
-    (key, (plan, order)), *_ = sess._plans.items()
-    state = {name: Namespace.asarray(value) for name, value in sess._state.items()}
-    fake = Plan(plan.graph, list(key[0]), order, Namespace, state, seed=0, own_state=True)
+    plan = sess.plan_for(train, {"x": X, "y": Y})
+    state = {name: Namespace.asarray(value) for name, value in plan.state.items()}
+    compilers = (FusedKernels(FakeCupy, pointer=lambda a: 0, multiprocessors=132),)
+    fake = Plan(plan.graph, plan.fetch_names, plan.feed_names, Namespace, state, seed=0, own_state=True,
+                compilers=compilers)  # fmt: skip
     return fake, [Fake(X.shape, X.dtype), Fake(Y.shape, Y.dtype)]
 
 
@@ -226,7 +227,6 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the runs")
     args = parser.parse_args(argv)
-    fused.register_compiler(FusedKernels(FakeCupy, pointer=lambda a: 0, multiprocessors=132))
     plan, feeds = mlp_plan([16, 16, 16, 10], 8)
     for _ in range(20):
         plan.run(feeds)

@@ -65,12 +65,12 @@ def test_recorded_gradients_are_the_unscaled_float32_ones_and_the_scale_updates_
     m = mlp()
     g = m["graph"]
     record = g.training[m["train"].name]
-    assert record["loss"] == m["loss"].name
-    for grad, var in record["gradients"]:
+    assert record.loss == m["loss"].name and record.update == m["train"].name
+    for grad, var in record.gradients:
         assert g.get(grad).dtype == "float32" and g.get(grad).op.type == "divide", (grad, var)
     program = TrainingProgram.from_graph(g, m["train"], fetches=[m["loss"].name])
     assert "loss_scale/scale" in program.replica_variables  # replicas scale the loss and unscale
-    assert program.loss_scale == record["loss_scale"] == "loss_scale/scale"  # times their share of the batch
+    assert program.loss_scale == record.loss_scale == "loss_scale/scale"  # times their share of the batch
     assert {"loss_scale/scale", "loss_scale/good_steps"} <= set(program.state_variables)
     update = {op.inputs[0].name for op in g.operations if op.type == "assign" and op.name.startswith("Adam/")}
     assert {"loss_scale/scale", "loss_scale/good_steps"} <= update

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from workbench.events import PlanCompiled, RunFailed, RunFinished, RunStarted
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def model():
 
 def compiled(sess):
     events = []
-    sess.events.subscribe(lambda e: events.append(e) if e["kind"] == "plan_compiled" else None)
+    sess.events.subscribe(lambda e: events.append(e) if isinstance(e, PlanCompiled) else None)
     return events
 
 
@@ -43,7 +44,7 @@ def test_plan_compiled_once_per_fetches_and_feed_signature(model):
         sess.run(loss, {x: X, y: Y})
     sess.run(loss, {"x": X[:5], "y": Y[:5]})  # names and other batch sizes: same plan
     assert len(events) == 1
-    assert events[0]["fetches"] == [loss.name]
+    assert events[0].fetches == (loss.name,) and events[0].session == sess.token and events[0].graph == model["g"].token
     sess.run(pred, {x: X})
     sess.run(pred, {x: X})
     assert len(events) == 2
@@ -477,10 +478,11 @@ def test_a_failing_kernel_names_the_op_and_its_line():
     with pytest.raises(wb.ExecutionError, match=r"gather 'gather' failed: IndexError: .*\n.*picked = wb.gather") as info:
         sess.run(picked, {params: [1.0, 2.0], index: [5]})
     assert isinstance(info.value, RuntimeError) and info.value.op == "gather"
-    assert [e["kind"] for e in events] == ["plan_compiled", "run_started", "run_failed"]
-    assert events[1]["ops"] == ["gather"] and events[2]["op"] == "gather"
+    assert [type(e) for e in events] == [PlanCompiled, RunStarted, RunFailed]
+    assert events[1].ops == ("gather",) and events[2].op == "gather"
     np.testing.assert_array_equal(sess.run(picked, {params: [1.0, 2.0], index: [1, 0]}), [2.0, 1.0])
-    assert [e["kind"] for e in events[-2:]] == ["run_started", "run_finished"]
+    assert [type(e) for e in events[-2:]] == [RunStarted, RunFinished]
+    assert events[-1]["kind"] == "run_finished"  # events still read like the earlier dicts
 
 
 @pytest.mark.parametrize("device", [dict(), dict(device="gpu", emulate=True)], ids=["cpu", "gpu-emulated"])

@@ -41,8 +41,9 @@ from workbench.graph import (
 from workbench.graph.precision import mixed_precision
 from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
-from workbench.cluster import scaling_study
+from workbench import cluster
 from workbench.session import Session
+from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History
 
 from workbench.ops import (  # noqa: E402, F401 - the public op functions
@@ -61,7 +62,8 @@ __all__ = [
     "FileError", "FormatError", "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation",
     "PathError", "Session", "accuracy", "metrics",
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
-    "mixed_precision", "name_scope", "optimizers", "reset_default_graph", "scaling_study", "cluster", *_PUBLIC_OPS,
+    "mixed_precision", "name_scope", "optimizers", "reset_default_graph", "ScalingStudy", "scaling_study", "cluster",
+    *_PUBLIC_OPS,
 ]  # fmt: skip
 
 

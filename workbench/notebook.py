@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from workbench.events import ROOT, EventStream
+from workbench.events import ROOT, Event, EventStream, FitStarted, ScalingStarted
 
 _hook: dict[str, Any] = {"unsubscribe": None, "display": None, "views": {}}
 
@@ -59,21 +59,20 @@ def installed() -> bool:
     return _hook["unsubscribe"] is not None
 
 
-def _on_event(stream: EventStream, event: dict) -> None:
-    kind = event.get("kind")
-    if kind not in ("fit_started", "scaling_started"):
+def _on_event(stream: EventStream, event: Event) -> None:
+    if not isinstance(event, (FitStarted, ScalingStarted)):
         return
     from workbench.widgets import ScalingView, TrainingView  # widgets only when needed
 
     _hook["views"] = {k: v for k, v in _hook["views"].items() if v.following}
-    key = (kind, event.get("session"))
+    key = (event.kind, event.session)
     old = _hook["views"].pop(key, None)
     if old is not None:
         old.stop()
-    if kind == "fit_started":
-        view = TrainingView(title=f"training · {event.get('steps', '?')} steps").follow(stream, event.get("session"))
+    if isinstance(event, FitStarted):
+        view = TrainingView(title=f"training · {event.steps} steps").follow(stream, event.session)
     else:
-        view = ScalingView().follow(stream, event.get("session"))
+        view = ScalingView().follow(stream, event.session)
     view.handle(event)  # it subscribed after this event was sent
     view.throttle.request()
     _hook["views"][key] = view

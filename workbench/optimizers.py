@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from workbench import ops
 from workbench.errors import GradientError, GraphError
 from workbench.graph import precision
-from workbench.graph.core import Operation, Tensor, Variable, group
+from workbench.graph.core import Operation, Tensor, TrainingRecord, Variable, group
 from workbench.graph.gradients import gradients
 from workbench.loss_scale import LossScale, ScaleState, all_finite
 
@@ -67,7 +69,7 @@ class Optimizer:
     def _apply_gradients(self, grads_and_vars, name, scaling: ScaleState | None) -> Operation:
         graph = grads_and_vars[0][1].graph
         scope = _unused_scope(graph, self.name)
-        raw = [[g.name, v.name] for g, v in grads_and_vars]
+        raw = tuple((g.name, v.name) for g, v in grads_and_vars)
         with graph.name_scope(scope), precision.suspended():
             dynamic = scaling is not None and scaling.good_steps is not None
             self._finite = all_finite([g for g, _ in grads_and_vars]) if dynamic else None
@@ -80,7 +82,7 @@ class Optimizer:
             finally:
                 self._finite = None
         update = group(*updates, name=name or f"{scope}/update")
-        graph.training[update.name] = {"loss": None, "gradients": raw}
+        graph.training[update.name] = TrainingRecord(update.name, raw)
         return update
 
     def minimize(self, loss: Tensor, var_list=None, name: str | None = None, loss_scale=None) -> Operation:
@@ -110,9 +112,10 @@ class Optimizer:
                 pairs = self.compute_gradients(state.scaled(loss), var_list)
                 pairs = [(state.unscaled(g), v) for g, v in pairs]
             update = self._apply_gradients(pairs, name, state)
-            if state.good_steps is not None:  # a cluster's replicas scale it by their share of the batch
-                update.graph.training[update.name]["loss_scale"] = state.scale.name
-        update.graph.training[update.name]["loss"] = loss.name
+        records = update.graph.training
+        # with a dynamic scale, a cluster's replicas scale it by their share of the batch
+        scale = state.scale.name if scaling is not None and state.good_steps is not None else ""
+        records[update.name] = dataclasses.replace(records[update.name], loss=loss.name, loss_scale=scale)
         return update
 
     def _assign(self, v: Variable, value) -> Tensor:
@@ -197,7 +200,7 @@ def _unused_scope(graph, base: str) -> str:
     so that a second optimizer never collides with the first one's variables."""
     prefix = "/".join(graph._scopes + [""])
     used = {op.name[len(prefix):].split("/")[0] for op in graph.operations if op.name.startswith(prefix)}
-    used.update(a[len(prefix):].split("/")[0] for a in graph._aliases if a.startswith(prefix))
+    used.update(a[len(prefix):].split("/")[0] for a in graph.aliases if a.startswith(prefix))
     scope, i = base, 0
     while scope in used:
         i += 1

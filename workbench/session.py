@@ -9,15 +9,18 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, DeviceError, FeedError, GraphError, WorkbenchError
-from workbench.events import ROOT, EventStream
+from workbench.errors import ClusterError, FeedError, FormatError, GraphError, WorkbenchError
+from workbench.events import ROOT, EventStream, PlanCompiled, RunFailed, RunFinished, RunStarted, new_token
+from workbench.fitloop import FitLoop, FitRequest, LocalSteps
+from workbench.devices import open_device
+from workbench.graph.compile import PlanCache, PlanKey, compile_plan
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
-from workbench.training import History, batch_indices, check_data, check_fit_arguments, is_dask_array
+from workbench.training import History, check_data, check_fit_arguments, is_dask_array
 
 
 class Session:
@@ -37,8 +40,8 @@ class Session:
         when none is set), or False for local execution. See :func:`workbench.cluster.connect`.
     security : distributed.Security, optional
         Certificates for a ``tls://`` address (default: Dask's ``distributed.comm.tls.*`` configuration).
-    device : {"cpu", "gpu", "gpu:<index>"}
-        Where kernels run. On a GPU (CuPy) variables stay on the device, feeds
+    device : {"cpu", "gpu", "gpu:<index>"} or a Device
+        Where kernels run (see :mod:`workbench.graph.device`); :attr:`device` is the opened device. On a GPU (CuPy) variables stay on the device, feeds
         go up once per run and results come back as NumPy. With a cluster,
         ``fit`` runs each worker's plans on its GPU (see :mod:`workbench.cluster.program`).
     **device_options
@@ -65,23 +68,28 @@ class Session:
         if not isinstance(self.graph, Graph):
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
         self.seed = int(seed)
+        self.device = open_device(device, **device_options)
         self.client, self._owns_client = _client_for(cluster, security)
-        self.device, self.device_options = device, dict(device_options)
-        self.xp = np
-        self._gpu = None
-        if device != "cpu":
-            if not str(device).startswith("gpu"):
-                raise DeviceError(f"unknown device {device!r}; use 'cpu' or 'gpu'")
-            from workbench.gpu import GPU  # CuPy is imported only when a GPU is asked for
-
-            self._gpu = GPU(device, **device_options)
-            self.xp = self._gpu.xp
-        elif device_options:
-            raise DeviceError(f"device 'cpu' takes no options, got {', '.join(sorted(device_options))}")
-        self.events = EventStream(parent=ROOT, session=id(self))
+        self.token = new_token("session")  # identity in events (never reused, unlike id())
+        self.events = EventStream(parent=ROOT, session=self.token, graph=self.graph.token)
         self._state: dict[str, Any] = {}
-        self._plans: dict[tuple, tuple[Plan, list[str]]] = {}
+        self._plans = PlanCache()
         self._fits = 0
+
+    @property
+    def xp(self):
+        """The array namespace of the session's device."""
+        return self.device.xp
+
+    @property
+    def device_options(self) -> dict:
+        """The options the device was opened with (those that differ from its defaults)."""
+        return dict(self.device.options)
+
+    @property
+    def plans(self) -> PlanCache:
+        """The session's compiled plans (keyed by :class:`~workbench.graph.compile.PlanKey`)."""
+        return self._plans
 
     # -- variables ---------------------------------------------------------------------
     def initialize(self, names=None) -> None:
@@ -110,13 +118,10 @@ class Session:
     def variables(self) -> dict[str, np.ndarray]:
         """Variable name to a NumPy copy of its current value."""
         self._ensure_initialized([v.name for v in self.graph.variables])
-        return {name: np.array(self._to_host(value)) for name, value in self._state.items() if name in self.graph}
-
-    def _to_host(self, value):
-        return value if self._gpu is None else self._gpu.to_host(value)
+        return {name: np.array(self.device.to_host(value)) for name, value in self._state.items() if name in self.graph}
 
     # -- running -----------------------------------------------------------------------
-    def run(self, fetches, feed_dict=None, check_numerics: bool = False):
+    def run(self, fetches, feed_dict=None, check_numerics: bool = False, step: int | None = None):
         """Compute ``fetches`` (a tensor, an operation, a name, or a list, tuple or dict of them).
 
         ``feed_dict`` maps placeholders (tensors or names) to values. Tensors come
@@ -127,39 +132,40 @@ class Session:
         Feeding dask arrays (split along the first axis) maps the run over their
         chunks and returns dask arrays: sharded inference, lazily, on whatever
         scheduler computes them (``sess.client.compute(...)`` on the session's cluster).
-        """
-        return self._run(fetches, feed_dict, check_numerics)
 
-    def _run(self, fetches, feed_dict, check_numerics: bool, step: int | None = None):
-        """:meth:`run`; with ``step`` (0-based) random ops draw for that training step, as on a cluster."""
+        With ``step`` (0-based), random ops (dropout) draw what training step
+        ``step + 1`` draws, locally or on a cluster; by default they draw anew each run.
+        """
         flat, unflatten = _flatten(fetches)
         names = [self._fetch_name(f) for f in flat]
         if feed_dict and any(is_dask_array(v) for v in feed_dict.values()):
             return unflatten(self._run_sharded(names, feed_dict))
         feeds = self._check_feeds(feed_dict or {})
-        plan, order = self._plan(names, feeds)
-        if step is not None:
-            plan.run_count = step
+        plan = self._plan(names, feeds)
+        values = self._execute(plan, [feeds[n] for n in plan.feed_names], check_numerics, step)
+        values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
+        result = self.device.result
+        return unflatten([None if v is None else result(v) for v in values])
+
+    def _execute(self, plan: Plan, feed_values: list, check_numerics: bool, step: int | None) -> list:
+        """One run of ``plan`` on the device, with run events for whoever watches."""
         watched = self.events.wanted  # live views: which ops run, which one failed
         if watched:
-            self.events.emit("run_started", ops=[op.name for op in plan.step_ops])
+            self.events.emit(RunStarted, ops=tuple(op.name for op in plan.step_ops))
         try:
-            feed_values = [feeds[n] for n in order]
-            if self._gpu is None:
-                values = plan.run(feed_values, check_numerics=check_numerics)
-            else:
-                values = self._gpu.run_plan(plan, feed_values, check_numerics=check_numerics, emit=self.events.emit)
+            values = self.device.run(plan, feed_values, check_numerics=check_numerics, step=step, emit=self.events.emit)
         except WorkbenchError as e:
             if watched:
-                self.events.emit("run_failed", op=getattr(e, "op", None), error=str(e))
+                self.events.emit(RunFailed, op=getattr(e, "op", None), error=str(e))
             raise
         if watched:
-            self.events.emit("run_finished")
-        values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
-        if self.xp is np:
-            values = _writable(values)
-        result = self._to_host if self._gpu is None else self._gpu.result
-        return unflatten([None if v is None else result(v) for v in values])
+            self.events.emit(RunFinished)
+        return values
+
+    def plan_for(self, fetches, feed_dict=None) -> Plan:
+        """The plan that ``run(fetches, feed_dict)`` runs (compiled now if it is not yet)."""
+        names = [self._fetch_name(f) for f in _flatten(fetches)[0]]
+        return self._plan(names, self._check_feeds(feed_dict or {}))
 
     def _run_sharded(self, names: list[str], feed_dict: dict) -> list:
         from workbench.cluster.infer import run_sharded
@@ -180,34 +186,23 @@ class Session:
         if _updated_variables(graph):
             raise GraphError("a run with dask-array feeds cannot update variables; fetch tensors only")
         self._ensure_initialized(variables)
-        values = {n: np.asarray(self._to_host(self._state[n])) for n in variables}
-        return run_sharded(self.graph, fetched, feeds, values, seed=self.seed)
+        values = {n: np.asarray(self.device.to_host(self._state[n])) for n in variables}
+        return run_sharded(graph, fetched, feeds, values, seed=self.seed, device=(self.device.kind, self.device.options))
 
-    def _plan(self, names: list[str], feeds: dict) -> tuple[Plan, list[str]]:
-        key = (tuple(names), tuple(sorted((n, v.dtype.str) for n, v in feeds.items())))
-        cached = self._plans.get(key)
-        if cached is not None:
-            return cached
+    def _plan(self, names: list[str], feeds: dict) -> Plan:
+        key = PlanKey.of(self.graph, names, feeds, self.device)
+        return self._plans.get(key, lambda: self._compile(names, feeds))
+
+    def _compile(self, names: list[str], feeds: dict) -> Plan:
         started = time.perf_counter()
-        graph = optimize(self.graph, names, fed=feeds)
-        if self._gpu is not None:
-            graph = self._gpu.rewrite(graph, names)
-        missing = [op for op in graph.operations if op.type == "placeholder" and op.name not in feeds]
-        if missing:
-            ph = missing[0].outputs[0]
-            raise FeedError(
-                f"placeholder {ph.name!r} (shape {_fmt(ph.shape)}, {ph.dtype}) must be fed to compute "
-                f"{', '.join(repr(n) for n in names)}"
-            )
-        order = [op.name for op in graph.operations if op.type == "placeholder"]
-        plan = Plan(graph, names, order, self.xp, self._state, seed=self.seed, own_state=True)
-        self._ensure_initialized(plan.variable_names + _updated_variables(graph))
-        self._plans[key] = (plan, order)
+        plan = compile_plan(self.graph, names, feeds, self.device, state=self._state, seed=self.seed, own_state=True)
+        self._ensure_initialized(plan.variable_names + _updated_variables(plan.graph))
+        seconds = time.perf_counter() - started
+        ops = len(self.graph.operations)
         self.events.emit(
-            "plan_compiled", fetches=names, ops=len(self.graph.operations), steps=len(plan),
-            seconds=time.perf_counter() - started,
-        )  # fmt: skip
-        return plan, order
+            PlanCompiled, fetches=tuple(names), ops=ops, steps=len(plan), seconds=seconds, device=self.device.name
+        )
+        return plan
 
     def _fetch_name(self, fetch) -> str:
         if isinstance(fetch, (Tensor, Operation)):
@@ -240,12 +235,17 @@ class Session:
         feeds = {}
         for key, value in feed_dict.items():
             ph = self._placeholder(key)
-            feeds[ph.name] = self._feed_value(ph, value) if self._gpu is None else self._gpu.feed(ph, value, self._feed_value)
+            feeds[ph.name] = self.device.put(self._feed_value(ph, value))
         return feeds
 
     def _feed_value(self, ph: Tensor, value, any_length: bool = False):
         """``value`` as an array of the placeholder's dtype, or FeedError; ``any_length``
-        accepts any size along the first axis (a whole data set)."""
+        accepts any size along the first axis (a whole data set). A device array is checked
+        on a zero-stride host stand-in and cast on the device."""
+        if value.__class__ is not np.ndarray and self.device.holds(value):
+            stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape, (0,) * value.ndim)
+            checked = self._feed_value(ph, stand_in, any_length)
+            return value if checked.dtype == value.dtype else cast_exactly(value, checked.dtype.name, f"placeholder {ph.name!r}")
         array = np.asarray(value)
         if array.dtype != ph.dtype:  # not dtype.name: that is a Python property costing ~1.5 us a feed
             if array.dtype == object or not np.can_cast(array.dtype, ph.dtype, "same_kind"):
@@ -277,6 +277,7 @@ class Session:
         sync_every: int = 20,
         workers=None,
         backup_replicas: int = 0,
+        strategy: str | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -300,14 +301,13 @@ class Session:
             Results match local training with the same global batch and seed.
         checkpoint_dir, checkpoint_every : optional
             Write the variables every ``checkpoint_every`` steps (atomically) and
-            resume from the newest checkpoint there when fit starts again.
-        backup_replicas : int
-            On a cluster: run this many extra shard computations per step and apply
-            the first ``replicas`` to finish (Chen et al. 2016). Tolerates stragglers
-            but gives up exact reproducibility; records count the dropped gradients.
-        window, sync_every, workers :
-            Cluster tuning: steps in flight, steps between copies of the variables
-            to the client (a lost worker costs at most that many), workers to use.
+            resume from the newest checkpoint there when fit starts again. Without
+            ``checkpoint_every``: at the last step, and on a cluster at every sync.
+        window, sync_every, workers, backup_replicas, strategy :
+            Cluster options (see :class:`workbench.cluster.ClusterOptions`): steps in
+            flight, steps between host copies of the variables, the workers to use,
+            extra shards per step whose slowest are dropped (Chen et al. 2016), and the
+            step engine (default ``"parameter_server"``; locally only ``"local"``).
 
         Returns
         -------
@@ -317,59 +317,56 @@ class Session:
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas)
-        arrays = {}
-        for key, value in data.items():
-            ph = self._placeholder(key)
-            arrays[ph.name] = value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
+        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics)
+        if self.client is None:
+            engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
+        else:
+            from workbench.cluster.engines import DEFAULT_STRATEGY, make_engine
+            from workbench.cluster.options import ClusterOptions
+
+            chosen = tuple(workers) if workers is not None else None
+            options = ClusterOptions(strategy or DEFAULT_STRATEGY, replicas, window, sync_every, chosen, backup_replicas)
+            engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
+        history, final = FitLoop(request, self.events, callback, checkpoint_dir, every).run(engine, self.variables)
+        self.set_variables(final)
+        return history
+
+    def _local_engine(self, request: FitRequest, replicas, strategy) -> LocalSteps:
+        needs = "needs a cluster: create the session with cluster='local' or an address"
+        if replicas not in (None, 1):
+            raise ClusterError(f"replicas={replicas} {needs}")
+        if strategy not in (None, "local"):
+            raise ClusterError(f"strategy={strategy!r} {needs}")
+        return LocalSteps(self, request)
+
+    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics) -> FitRequest:
+        """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
+        arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:
             steps = (epochs or 1) * (n // batch_size)
         labels, fetch_list = _fetch_labels(fetches)
         self._fits += 1
-        batch_seed = (self.seed, self._fits)
-        if self.client is not None:
-            from workbench.cluster.fit import ClusterFit
+        return FitRequest(
+            graph=self.graph,
+            train=self._fetch_name(train),
+            data=arrays,
+            batch_size=batch_size,
+            steps=steps,
+            fetches={label: self._fetch_name(f) for label, f in zip(labels, fetch_list)},
+            batch_seed=(self.seed, self._fits),
+            seed=self.seed,
+            device=self.device,
+            check_numerics=check_numerics,
+        )
 
-            fetch_names = [self._fetch_name(f) for f in fetch_list]
-            replicas = replicas or len(workers or self.client.scheduler_info().get("workers", {})) or 1
-            run = ClusterFit(
-                self, self.client, self.graph.get(self._fetch_name(train)), arrays, batch_size, steps, replicas,
-                fetch_names, labels, batch_seed, window=window, sync_every=sync_every,
-                checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, workers=workers, callback=callback,
-                backup_replicas=backup_replicas,
-            )  # fmt: skip
-            return run.run()
-        if replicas not in (None, 1):
-            raise ClusterError(f"replicas={replicas} needs a cluster: create the session with cluster='local' or an address")
-        return self._fit_local(train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
-                               callback, checkpoint_dir, checkpoint_every)  # fmt: skip
-
-    def _fit_local(self, train, arrays, batch_size, steps, labels, fetch_list, batch_seed, check_numerics,
-                   callback, checkpoint_dir, checkpoint_every) -> History:  # fmt: skip
-        start = 0
-        resumed = checkpoint.latest(checkpoint_dir, checkpoint.specs(self.graph.variables))
-        if resumed is not None:
-            variables, start = resumed
-            self._state.update({k: self.xp.asarray(v) for k, v in variables.items() if k in self.graph})
-        history = History()
-        n = check_data(arrays)
-        self.events.emit("fit_started", steps=steps, batch_size=batch_size, fetches=labels, start=start)
-        indices = batch_indices(n, batch_size, steps, seed=batch_seed, start=start)
-        for step, idx in enumerate(indices, start=start + 1):
-            started = time.perf_counter()
-            batch = {name: a[idx] for name, a in arrays.items()}
-            values = self._run([train, *fetch_list], batch, check_numerics, step=step - 1)
-            elapsed = time.perf_counter() - started
-            record = {"step": step, "time": elapsed, "samples_per_s": batch_size / elapsed if elapsed > 0 else float("inf")}
-            record.update(zip(labels, (_scalar(v) for v in values[1:])))
-            history.append(record)
-            self.events.emit("step", **record)
-            if callback is not None:
-                callback(record)
-            if checkpoint_dir is not None and (step % (checkpoint_every or steps) == 0 or step == steps):
-                checkpoint.save_step(checkpoint_dir, self.variables, step)
-        self.events.emit("fit_finished", steps=steps)
-        return history
+    def _fit_data(self, data: dict) -> dict:
+        """Placeholder name to checked examples (dask arrays cast lazily)."""
+        arrays = {}
+        for key, value in data.items():
+            ph = self._placeholder(key)
+            arrays[ph.name] = value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
+        return arrays
 
     def close(self) -> None:
         """Close the cluster client (and local cluster) this session started, if any."""
@@ -399,15 +396,34 @@ class Session:
         With ``strict=True`` every variable of the graph must be in the file.
         """
         loaded = checkpoint.restore(path, self.graph.variables, strict)
-        for name, value in loaded.items():
-            self._state[name] = self.xp.asarray(value)
+        self._set_checked(loaded, strict, f"checkpoint {os.fspath(path)!r}", "checkpoint")
 
+    def set_variables(self, values: dict, strict: bool = False) -> None:
+        """Set variables from ``values`` (name to array), after checking every name, shape and dtype.
 
-def _writable(values: list) -> list:
-    """Fetched arrays the caller may change: copies of read-only ones (constants, broadcast
-    views). Values sharing memory with a variable are already copies: the plan, which owns
-    the variables' arrays, never hands one out."""
-    return [v.copy() if isinstance(v, np.ndarray) and not v.flags.writeable else v for v in values]
+        With ``strict=True`` every variable of the graph must be given. Nothing
+        changes when a check fails (FormatError).
+        """
+        self._set_checked(values, strict, "values", "the")
+
+    def _set_checked(self, values: dict, strict: bool, where: str, label: str) -> None:
+        graph_vars = {v.name: v for v in self.graph.variables}
+        unknown = sorted(set(values) - set(graph_vars))
+        if unknown:
+            raise FormatError(f"{where} has variables this graph lacks: {', '.join(unknown)}")
+        missing = sorted(set(graph_vars) - set(values))
+        if strict and missing:
+            raise FormatError(f"{where} lacks variables: {', '.join(missing)}")
+        arrays = {name: np.asarray(value) for name, value in values.items()}
+        for name, value in arrays.items():
+            v = graph_vars[name]
+            if value.shape != v.shape or value.dtype.name != v.dtype:
+                raise FormatError(
+                    f"{label} value of {name!r} is {value.dtype.name} {_fmt(value.shape)}, "
+                    f"the variable is {v.dtype} {_fmt(v.shape)}"
+                )
+        for name, value in arrays.items():
+            self._state[name] = self.device.put(np.array(value))
 
 
 def _client_for(cluster, security=None):
@@ -433,13 +449,6 @@ def _updated_variables(graph: Graph) -> list[str]:
 
 def _fmt(shape) -> str:
     return "any" if shape is None else rules.fmt(shape)
-
-
-def _scalar(value):
-    if value is None:
-        return None
-    array = np.asarray(value)
-    return float(array) if array.ndim == 0 else array
 
 
 def _fetch_labels(fetches) -> tuple[list[str], list]:

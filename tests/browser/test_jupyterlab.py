@@ -254,7 +254,7 @@ VIEWS_NOTEBOOK = [
     "ClusterView({'scheduler': 'tcp://127.0.0.1:8786', 'dashboard': 'http://127.0.0.1:8787/status',"
     " 'workers': [{'address': 'tcp://127.0.0.1:4001', 'name': '0', 'threads': 1, 'memory': 2**31, 'gpus': 0}]})",
     "g = wb.Graph(name='g')\nwith g.as_default():\n    x = wb.placeholder('x', shape=(None, 2))\n"
-    "    y = wb.log(wb.sum(x, axis=1))\nstream = EventStream(session=1)\nview = GraphView(g).follow(stream)\nview",
+    "    y = wb.log(wb.sum(x, axis=1))\nstream = EventStream(session='s1', graph=g.token)\nview = GraphView(g).follow(stream)\nview",
     "stream.emit('run_started', ops=['x', 'sum', 'log'])\nstream.emit('run_failed', op='log', error='NaN')",
 ]
 

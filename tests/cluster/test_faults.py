@@ -81,14 +81,14 @@ def test_a_failed_step_restarts_from_the_last_sync(client, digits, reference, mo
     sess = wb.Session(g, seed=0, cluster=client)
     restarts = []
     sess.events.subscribe(lambda e: restarts.append(e) if e["kind"] == "restarted" else None)
-    submit = cluster_fit.ClusterFit._submit
+    submit = cluster_fit.ParameterServer._submit
 
     def submit_then_cancel(self, step):
         submit(self, step)
         if step == 25 and not restarts:  # lose step 25 once, as a dead worker would
             self.client.cancel([self.metrics[-1][1]])
 
-    monkeypatch.setattr(cluster_fit.ClusterFit, "_submit", submit_then_cancel)
+    monkeypatch.setattr(cluster_fit.ParameterServer, "_submit", submit_then_cancel)
     history = sess.fit(train, digits, batch_size=64, steps=STEPS, replicas=2, fetches=[loss], sync_every=10)
     assert [e["step"] for e in restarts] == [20]  # redone from the copy of step 20, not from step 0
     assert [r["step"] for r in history.records] == list(range(1, STEPS + 1))

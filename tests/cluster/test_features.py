@@ -40,7 +40,7 @@ def test_sharded_inference_maps_over_chunks(client, kit):
     np.testing.assert_allclose(lazy["logits"].compute(), expected, rtol=1e-12)
 
     remote = wb.Session(model["graph"], seed=0, cluster=client)
-    remote._state.update(local._state)
+    remote.set_variables(local.variables)
     result = client.compute(remote.run(model["logits"], {"x": chunked})).result()
     np.testing.assert_allclose(result, expected, rtol=1e-12)
 

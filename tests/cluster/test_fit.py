@@ -10,6 +10,8 @@ import pytest
 
 import workbench as wb
 from workbench import checkpoint
+from workbench.events import FitStarted
+from workbench.fitloop import StepOutcome
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -119,6 +121,49 @@ def test_events_reach_subscribers(kit, client):
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "fit_started" and kinds[-1] == "fit_finished"
     assert kinds.count("step") == 4
+
+
+def test_a_strategy_is_named_and_a_new_one_plugs_in(kit, client):
+    m = kit.mlp()
+    sess = wb.Session(m["graph"], seed=SEED, cluster=client)
+    started = []
+    sess.events.subscribe(lambda e: started.append(e) if isinstance(e, FitStarted) else None)
+    hist = sess.fit(m["train"], kit.blobs(), batch_size=BATCH, steps=2, strategy="parameter_server")
+    assert len(hist) == 2 and started[-1].strategy == "parameter_server" and started[-1].replicas == 2
+    with pytest.raises(wb.ClusterError, match="unknown strategy 'nope'; strategies are .*parameter_server"):
+        sess.fit(m["train"], kit.blobs(), batch_size=BATCH, steps=2, strategy="nope")
+
+    class Frozen:
+        """An engine that leaves the variables as they are: what a strategy supplies."""
+
+        strategy, replicas, workers, restarts = "frozen", None, None, 0
+
+        def __init__(self, request, client_, options, events):
+            assert client_ is client and options.sync_every == 7 and request.fetches == {"loss": m["loss"].name}
+
+        def start(self, variables, step):
+            self.host = (variables, step)
+
+        def run(self, first, last, sync_at):
+            for step in range(first, last + 1):
+                self.host = (self.host[0], step)
+                yield StepOutcome(step, {"loss": 0.0})
+
+        def variables(self):
+            return self.host
+
+        def close(self):
+            pass
+
+    before = sess.variables
+    wb.cluster.register_strategy("frozen", Frozen)
+    try:
+        hist = sess.fit(m["train"], kit.blobs(), batch_size=BATCH, steps=3, fetches={"loss": m["loss"]},
+                        strategy="frozen", sync_every=7)  # fmt: skip
+    finally:
+        del wb.cluster.STRATEGIES["frozen"]
+    assert hist["loss"].tolist() == [0.0, 0.0, 0.0] and started[-1].strategy == "frozen"
+    kit.assert_same_variables(before, sess.variables, rtol=0)
 
 
 def test_replicas_default_to_one_per_worker(kit, client):

@@ -51,11 +51,11 @@ def test_workers_compile_fused_plans_on_the_gpu_namespace(kit):
     m = kit.mlp()
     program = TrainingProgram.from_graph(m["graph"], m["train"], device="gpu", device_options={"emulate": True})
     compiled = cluster_program.compiled(program)
-    assert compiled.gpu.emulated and cluster_program.compiled(program) is compiled
+    assert compiled.device.kind == "gpu" and compiled.device.emulated and cluster_program.compiled(program) is compiled
     update_ops = {op.type for op in compiled.update.graph.operations}
     assert "fused_elementwise" in update_ops  # the Adam update, as a local GPU session fuses it
     plain = cluster_program.compiled(TrainingProgram.from_graph(m["graph"], m["train"]))
-    assert plain.gpu is None and "fused_elementwise" not in {op.type for op in plain.update.graph.operations}
+    assert plain.device.kind == "cpu" and "fused_elementwise" not in {op.type for op in plain.update.graph.operations}
 
 
 class FakeDeviceArray:

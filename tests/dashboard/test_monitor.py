@@ -4,6 +4,7 @@ import pytest
 from bokeh.models import ColumnDataSource, Div
 from prometheus_client import CollectorRegistry, generate_latest
 
+from workbench.events import FitFinished, FitStarted, RunStarted, Step
 from workbench.dashboard.forward import TOPIC, Forwarder, training_update
 from workbench.dashboard.monitor import MAX_POINTS, NAME, TIMELINE_STEPS, TrainingMonitor, metric_families
 from workbench.dashboard.page import NOT_LOADED, PAGE, TrainingPage, register_page
@@ -17,14 +18,18 @@ class Clock:
         return self.now
 
 
-def started(session=1, graph="mlp", scheduler="tcp://127.0.0.1:8786", steps=1000, fetches=("loss",)):
-    return {"kind": "fit_started", "session": session, "graph": graph, "scheduler": scheduler, "steps": steps,
-            "batch_size": 64, "fetches": list(fetches), "replicas": 2}  # fmt: skip
+def started(session="s1", graph="mlp", scheduler="tcp://127.0.0.1:8786", steps=1000, fetches=("loss",)):
+    return FitStarted(session=session, graph_name=graph, scheduler=scheduler, steps=steps, batch_size=64,
+                      fetches=tuple(fetches), replicas=2)  # fmt: skip
 
 
-def step(i, session=1, **values):
-    return {"kind": "step", "session": session, "step": i, "time": 0.01, "samples_per_s": 6400.0,
-            "loss": 1.0 / i, "workers": {"tcp://w:1": 0.004}, **values}  # fmt: skip
+def step(i, session="s1", **values):
+    return Step(session=session, step=i, time=0.01, samples_per_s=6400.0, fetches={"loss": 1.0 / i, **values},
+                metrics={"workers": {"tcp://w:1": 0.004}})  # fmt: skip
+
+
+def finished(session="s1", steps=1000):
+    return FitFinished(session=session, steps=steps)
 
 
 @pytest.fixture
@@ -39,8 +44,8 @@ def forwarded():
 def test_training_update_reads_the_events_of_a_fit():
     assert training_update(started())["labels"] == ["loss"]
     assert training_update(step(3, accuracy=0.5))["values"]["accuracy"] == 0.5
-    assert training_update({"kind": "fit_finished", "session": 1})["status"] == "done"
-    assert training_update({"kind": "run_started", "ops": []}) is None
+    assert training_update(finished())["status"] == "done"
+    assert training_update(RunStarted(ops=())) is None
 
 
 def test_summaries_are_throttled_whatever_the_step_rate(forwarded):
@@ -49,7 +54,7 @@ def test_summaries_are_throttled_whatever_the_step_rate(forwarded):
     for i in range(1, 1001):  # 1,000 steps in 10 s
         clock.now += 0.01
         forwarder(step(i))
-    forwarder({"kind": "fit_finished", "session": 1, "steps": 1000})
+    forwarder(finished())
     statuses = [msg["status"] for _, msg in sent]
     assert statuses[0] == "started" and statuses[-1] == "done"
     assert 38 <= statuses.count("running") <= 41  # at most 4 a second
@@ -64,7 +69,7 @@ def test_local_fits_and_other_sessions_are_not_forwarded(forwarded):
     forwarder, clock, sent = forwarded
     forwarder(started(scheduler=None))  # a local fit: no scheduler to tell
     forwarder(step(1))
-    forwarder(step(1, session=2))
+    forwarder(step(1, session="s2"))
     assert sent == []
 
 

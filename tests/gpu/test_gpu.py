@@ -1,5 +1,7 @@
 """GPU sessions on a real CUDA device (skipped without CuPy and a GPU)."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -45,10 +47,11 @@ def test_training_matches_numpy(dtype, rtol):
         b = gpu.run([train, loss], {"x": X, "y": Y})[1]
         assert isinstance(b, np.ndarray)
         np.testing.assert_allclose(b, a, rtol=rtol)
+    state = gpu.plan_for([train, loss], {"x": X, "y": Y}).state
     for name, value in cpu.variables.items():
-        assert isinstance(gpu._state[name], cp.ndarray)  # resident on the device
+        assert isinstance(state[name], cp.ndarray)  # resident on the device
         np.testing.assert_allclose(gpu.variables[name], value, rtol=rtol * 10, atol=rtol)
-    assert gpu._gpu.kernels.compiled > 0
+    assert gpu.device.kernels.compiled > 0
 
 
 def test_device_feeds_and_device_results():
@@ -87,7 +90,9 @@ def test_fused_kernels_match_sequential_programs():
         ("where", (6, 5, 0), (), "float32"),
         ("cast", (7,), (("dtype", "float64"),), "float64"),
     )
-    got = REGISTRY["fused_elementwise"].kernel(wb.Session(wb.Graph(), device="gpu").xp, cp.asarray(a), cp.asarray(b), program=program)
+    gpu = wb.Session(wb.Graph(), device="gpu").device
+    got = REGISTRY["fused_elementwise"].kernel(gpu.xp, cp.asarray(a), cp.asarray(b), program=program,
+                                               compilers=gpu.fused_compilers)  # fmt: skip
     assert isinstance(got, cp.ndarray) and got.dtype == np.float64
     np.testing.assert_allclose(cp.asnumpy(got), run_program(np, program, [a, b]), rtol=1e-6)
 
@@ -121,15 +126,15 @@ def test_graph_replay_matches_plain_runs():
         a = plain.run([train, loss], feed)[1]
         b = graphs.run([train, loss], feed)[1]
         np.testing.assert_allclose(b, a, rtol=1e-5)  # cuBLAS may pick another algorithm under capture
-    (plan_graphs,) = graphs._gpu._graphs.values()
+    (plan_graphs,) = graphs.device.plan_graphs()
     if plan_graphs.obstacle is not None:  # CuPy 14 refuses cuBLAS calls during stream capture
         assert "cuBLAS" in plan_graphs.obstacle or "checks its indices" in plan_graphs.obstacle
-        assert graphs._gpu.graph_replays == 0
+        assert graphs.device.graph_replays == 0
     else:
-        assert graphs._gpu.graph_replays == 5  # warm-up, warm-up, capture, then replays
+        assert graphs.device.graph_replays == 5  # warm-up, warm-up, capture, then replays
     for name, value in plain.variables.items():
         np.testing.assert_allclose(graphs.variables[name], value, rtol=1e-5, atol=1e-6)
-    for name, array in graphs._state.items():
+    for name, array in plan_graphs.plan.state.items():
         assert isinstance(array, cp.ndarray), name
     graphs.initialize()  # new variable arrays: the graph is dropped and captured again
     plain.initialize()
@@ -141,8 +146,9 @@ def test_graph_replay_matches_plain_runs():
 def test_fused_kernels_on_flat_views_match_broadcasting():
     rng = np.random.default_rng(4)
     program = (("add", (0, 1), (), "float32"), ("relu", (2,), (), "float32"))
-    fused = REGISTRY["fused_elementwise"].kernel
-    xp = wb.Session(wb.Graph(), device="gpu").xp
+    gpu = wb.Session(wb.Graph(), device="gpu").device
+    fused = functools.partial(REGISTRY["fused_elementwise"].kernel, compilers=gpu.fused_compilers)
+    xp = gpu.xp
     a, b = (cp.asarray(rng.normal(size=(64, 8, 33)).astype(np.float32)) for _ in range(2))
     flat = fused(xp, a, b, program=program)  # same shapes: 1-D views
     strided = fused(xp, a, cp.ascontiguousarray(b.transpose(2, 1, 0)).transpose(2, 1, 0), program=program)
@@ -163,11 +169,11 @@ def test_vectorized_kernels_match_elementwise_kernels(size):
         ("add", (4, 5), (), "float32"),
         ("divide", (3, 6), (), "float32"),
     )
-    gpu = wb.Session(wb.Graph(), device="gpu")._gpu
+    gpu = wb.Session(wb.Graph(), device="gpu").device
     kernels = gpu.kernels
     lr = cp.asarray(np.float32(1e-3))
     m, v = cp.asarray(rng.normal(size=size + 1).astype(np.float32)), cp.asarray(rng.random(size + 1).astype(np.float32))
-    call = REGISTRY["fused_elementwise"].kernel
+    call = functools.partial(REGISTRY["fused_elementwise"].kernel, compilers=gpu.fused_compilers)
     before = kernels.vector_calls
     got = call(gpu.xp, lr, m[:size], v[:size], program=program)  # aligned views: vectorized
     assert kernels.vector_calls == before + 1
@@ -183,10 +189,11 @@ def test_vectorized_kernels_match_elementwise_kernels(size):
 def test_vectorized_kernels_fall_back_for_broadcasting():
     rng = np.random.default_rng(5)
     program = (("add", (0, 1), (), "float32"), ("relu", (2,), (), "float32"))
-    xp = wb.Session(wb.Graph(), device="gpu").xp
+    gpu = wb.Session(wb.Graph(), device="gpu").device
+    xp = gpu.xp
     a = cp.asarray(rng.normal(size=(64, 33)).astype(np.float32))
     row = cp.asarray(rng.normal(size=(33,)).astype(np.float32))
-    fused = REGISTRY["fused_elementwise"].kernel
+    fused = functools.partial(REGISTRY["fused_elementwise"].kernel, compilers=gpu.fused_compilers)
     expected = np.maximum(cp.asnumpy(a) + cp.asnumpy(row), 0)
     np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, row, program=program)), expected)  # broadcast: N-d kernel
     np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, a.T.copy().T, program=program)), np.maximum(2 * cp.asnumpy(a), 0))

@@ -58,7 +58,7 @@ def test_mixed_precision_steps_fuse_float16_chains():
     for i in range(5):
         feed = _feed(seed=i)
         np.testing.assert_allclose(gpu.run([train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=2e-2)
-    (plan, _), = gpu._plans.values()
+    (plan,) = gpu.plans.values()
     half = [op for op in plan.step_ops if op.type == "fused_elementwise" and op.outputs[0].dtype == "float16"]
     assert half, [op.type for op in plan.step_ops]
 
@@ -89,7 +89,7 @@ def test_a_whole_step_is_captured_and_replayed():
     for _ in range(6):
         np.testing.assert_allclose(graphs.run([train, loss], feed)[1], plain.run([train, loss], feed)[1], rtol=1e-5)
     assert [e["status"] for e in seen] == ["captured"], seen
-    assert graphs._gpu.graph_replays == 3
+    assert graphs.device.graph_replays == 3
     cp.cuda.Device().synchronize()
     started = time.perf_counter()
     for _ in range(50):

@@ -67,14 +67,19 @@ def _batch(n=16, seed=0, classify=False):
     return {"x": rng.normal(size=(n, 6)).astype(np.float32), "y": y}
 
 
-def _graph_session(g):
+def _variables_of(sess) -> dict:
+    """The dict of variable arrays that every plan of ``sess`` reads and updates."""
+    return sess.plan_for("loss", _batch(classify=sess.graph.get("y").dtype == "int64")).state
+
+
+def _graph_session(g, fail=False):
     sess = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
-    sess._gpu.capture = FakeCapture(sess._state)
+    sess.device.capture = FakeCapture(_variables_of(sess), fail=fail)
     return sess
 
 
 def _plan_graphs(sess) -> PlanGraphs:
-    (graphs,) = sess._gpu._graphs.values()
+    (graphs,) = sess.device.plan_graphs()
     return graphs
 
 
@@ -89,7 +94,7 @@ def test_replays_give_the_losses_and_weights_of_plain_runs():
     for name, value in plain.variables.items():
         np.testing.assert_array_equal(sess.variables[name], value)
     # run 1 makes the arrays the plan owns, run 2 keeps them (ready), run 3 captures, 4..7 replay
-    assert sess._gpu.graph_replays == 4 and sess._gpu.capture.captures == 1
+    assert sess.device.graph_replays == 4 and sess.device.capture.captures == 1
     assert list(_plan_graphs(sess).graphs) == [signature([batches[0]["x"], batches[0]["y"]])]
 
 
@@ -117,12 +122,12 @@ def test_random_ops_and_check_numerics_never_capture():
     for _ in range(4):
         sess.run(train, _batch())
     graphs = _plan_graphs(sess)
-    assert "dropout" in graphs.obstacle and sess._gpu.capture.captures == 0
+    assert "dropout" in graphs.obstacle and sess.device.capture.captures == 0
     g, train, loss = _mlp()
     sess = _graph_session(g)
     for _ in range(4):
         sess.run(train, _batch(), check_numerics=True)
-    assert sess._gpu.capture.captures == 0 and sess._gpu.graph_replays == 0
+    assert sess.device.capture.captures == 0 and sess.device.graph_replays == 0
 
 
 def test_plans_that_check_indices_never_capture():
@@ -132,7 +137,7 @@ def test_plans_that_check_indices_never_capture():
     for _ in range(4):
         sess.run(train, _batch(classify=True))
     graphs = _plan_graphs(sess)
-    assert "checks its indices on the host" in graphs.obstacle and sess._gpu.capture.captures == 0
+    assert "checks its indices on the host" in graphs.obstacle and sess.device.capture.captures == 0
     bad = _batch(classify=True)
     bad["y"][3] = -1
     with pytest.raises(wb.ExecutionError, match="label -1 at position 3 is out of range"):
@@ -147,19 +152,18 @@ def test_updates_that_replace_the_array_are_never_captured():
     w1 = g.get("w1")
     for _ in range(5):  # fetching the variable's read keeps its update from writing in place
         sess.run([train, w1], _batch())
-    assert sess._gpu.capture.captures == 0 and sess._gpu.graph_replays == 0
+    assert sess.device.capture.captures == 0 and sess.device.graph_replays == 0
 
 
 def test_a_failed_capture_falls_back_and_is_not_retried():
     g, train, loss = _mlp()
     plain = wb.Session(g, seed=2, device="gpu", emulate=True)
-    sess = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
-    sess._gpu.capture = FakeCapture(sess._state, fail=True)
+    sess = _graph_session(g, fail=True)
     batches = [_batch(seed=i) for i in range(6)]
     expected = [plain.run([train, loss], b)[1] for b in batches]
     got = [sess.run([train, loss], b)[1] for b in batches]
     np.testing.assert_array_equal(got, expected)
-    assert sess._gpu.capture.captures == 1 and sess._gpu.graph_replays == 0
+    assert sess.device.capture.captures == 1 and sess.device.graph_replays == 0
     assert _plan_graphs(sess).obstacle.startswith("capture failed: RuntimeError: operation not permitted")
 
 
@@ -175,7 +179,7 @@ def test_new_variable_arrays_drop_the_graph():
         s.initialize()  # new arrays: the captured ones are stale
         losses[s] = [s.run([train, loss], b)[1] for _ in range(5)]
     np.testing.assert_array_equal(losses[sess], losses[plain])
-    assert sess._gpu.capture.captures == 2
+    assert sess.device.capture.captures == 2
     for name, value in plain.variables.items():
         np.testing.assert_array_equal(sess.variables[name], value)
 
@@ -183,16 +187,16 @@ def test_new_variable_arrays_drop_the_graph():
 def test_cuda_graphs_off_runs_plainly():
     g, train, loss = _mlp()
     sess = wb.Session(g, device="gpu", emulate=True, cuda_graphs=False)
-    sess._gpu.capture = FakeCapture(sess._state)
+    sess.device.capture = FakeCapture(_variables_of(sess))
     for _ in range(4):
         sess.run(train, _batch())
-    assert sess._gpu.capture.captures == 0 and not sess._gpu._graphs
+    assert sess.device.capture.captures == 0 and not sess.device.plan_graphs()
 
 
 def test_capture_decisions_are_events():
     g, train, loss = _mlp()
     sess = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
-    sess._gpu.capture = FakeCapture(sess._state)
+    sess.device.capture = FakeCapture(_variables_of(sess))
     seen = []
     sess.events.subscribe(lambda e: seen.append(e) if e["kind"] == "graph_capture" else None)
     for _ in range(4):
@@ -202,7 +206,7 @@ def test_capture_decisions_are_events():
     assert [e["status"] for e in seen] == ["captured", "dropped"]
     assert seen[0]["signature"] == (((16, 6), "float32"), ((16, 3), "float32"))
     failing = wb.Session(g, seed=2, device="gpu", emulate=True, cuda_graphs=True)
-    failing._gpu.capture = FakeCapture(failing._state, fail=True)
+    failing.device.capture = FakeCapture(_variables_of(failing), fail=True)
     seen.clear()
     failing.events.subscribe(lambda e: seen.append(e) if e["kind"] == "graph_capture" else None)
     for _ in range(4):

@@ -189,4 +189,4 @@ def test_mlp_gradient_matches_finite_differences(graph):
 
 
 def _set(sess, var, value):
-    sess._state[var.name] = np.array(value)
+    sess.set_variables({var.name: np.array(value)})

@@ -94,12 +94,13 @@ def test_adam_updates_write_into_the_variables_own_arrays():
     X = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
     sess, fresh = wb.Session(g), wb.Session(g)
     sess.run(train, {x: X})  # the first run makes the arrays the plan then owns
-    held = dict(sess._state)
+    state = sess.plan_for(train, {x: X}).state  # the variables' arrays, as the plans hold them
+    held = dict(state)
     for _ in range(3):
         sess.run(train, {x: X})
-    assert all(sess._state[name] is array for name, array in held.items())
+    assert all(state[name] is array for name, array in held.items())
     for _ in range(4):  # same values as a session whose plan is rebuilt every step
-        fresh._plans.clear()
+        fresh.plans.clear()
         fresh.run(train, {x: X})
     for name, value in fresh.variables.items():
         np.testing.assert_allclose(sess.variables[name], value, rtol=1e-6)

@@ -47,14 +47,13 @@ def test_a_plan_running_a_slice_of_the_batch_draws_that_slice_of_the_mask():
     ones = np.ones((10, 6))
     whole = dropout_plan((None, 6)).run([ones])[0]
     part = dropout_plan((None, 6))
-    part.row_offset = 4
-    np.testing.assert_array_equal(part.run([ones[4:7]])[0], whole[4:7])
-    part.run_count = 1  # the next step draws a new mask
-    assert not np.array_equal(part.run([ones[4:7]])[0], whole[4:7])
+    np.testing.assert_array_equal(part.run([ones[4:7]], step=0, row_offset=4)[0], whole[4:7])
+    # the next step draws a new mask
+    assert not np.array_equal(part.run([ones[4:7]], step=1, row_offset=4)[0], whole[4:7])
 
 
 def test_a_fixed_first_axis_is_not_a_batch_axis():
     plan = dropout_plan((10, 6))
-    plan.row_offset = 4  # ignored: the whole tensor is drawn from the run's generator
     mask = np.random.default_rng([1, 4, 0]).random((10, 6)) < 0.5
-    np.testing.assert_array_equal(plan.run([np.ones((10, 6))])[0], mask * 2.0)
+    # row_offset is ignored: the whole tensor is drawn from the run's generator
+    np.testing.assert_array_equal(plan.run([np.ones((10, 6))], row_offset=4)[0], mask * 2.0)

@@ -79,7 +79,7 @@ def test_round_trip_keeps_aliases(graph):
     a, b = x * 2.0, x * 2.0
     merged = passes.eliminate_common_subexpressions(graph)
     again = wb.Graph.from_json(merged.to_json())
-    assert again._aliases == merged._aliases and b.name in again._aliases
+    assert again.aliases == merged.aliases and b.name in again.aliases
     assert again.get(b.name) is again.get(a.name)
     np.testing.assert_array_equal(wb.Session(again).run(b.name, {"x": [1.0, 2.0, 3.0]}), [2.0, 4.0, 6.0])
 

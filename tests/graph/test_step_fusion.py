@@ -39,7 +39,7 @@ def _batches(n=5, seed=0):
 
 
 def _step_ops(sess) -> collections.Counter:
-    (plan, _), *_ = sess._plans.values()
+    plan, *_ = sess.plans.values()
     return collections.Counter(op.type for op in plan.step_ops)
 
 
@@ -62,7 +62,7 @@ def test_one_adam_kernel_updates_every_parameter():
     g, train, loss = _mlp(wb.optimizers.Adam(0.01))
     sess = wb.Session(g, device="gpu", emulate=True)
     sess.run(train, _batches(1)[0])
-    (plan, _), = sess._plans.values()
+    (plan,) = sess.plans.values()
     (update,) = [op for op in plan.step_ops if op.type == "fused_update"]
     assert update.attrs["lanes"] == 4 and update.attrs["width"] == 4 and len(update.outputs) == 12
     assert [t.op.name for t in update.inputs[:4]] == ["Adam/w1/m", "Adam/w1/v", "w1", "gradients/matmul_3"]
@@ -76,14 +76,15 @@ def test_updates_write_into_the_variables_arrays():
     sess = wb.Session(g, device="gpu", emulate=True)
     batch = _batches(1)[0]
     sess.run(train, batch)
-    arrays = {k: id(v) for k, v in sess._state.items()}
+    state = sess.plan_for(train, batch).state  # the variables' arrays, shared by the session's plans
+    arrays = {k: id(v) for k, v in state.items()}
     for _ in range(3):
         sess.run(train, batch)
-    assert {k: id(v) for k, v in sess._state.items()} == arrays
+    assert {k: id(v) for k, v in state.items()} == arrays
     before = np.array(sess.variables["w1"])
     w1 = sess.run([train, g.get("w1")], batch)[1]  # the read is fetched: the update makes a new array
     np.testing.assert_array_equal(w1, before)
-    assert id(sess._state["w1"]) != arrays["w1"]
+    assert id(state["w1"]) != arrays["w1"]
 
 
 def test_fetched_updates_and_twice_updated_variables_stay_as_they_are():

@@ -5,7 +5,7 @@ import pytest
 
 import workbench as wb
 from workbench import notebook
-from workbench.events import ROOT, EventStream
+from workbench.events import ROOT, EventStream, FitStarted, ScalingFinished, ScalingPoint, ScalingStarted
 from workbench.widgets import ScalingView, TrainingView
 
 
@@ -33,13 +33,15 @@ def test_fit_shows_a_training_view_that_follows_its_session(shown, linear):
     tiny_fit(linear, steps=3)
     assert len(shown) == 2 and shown[1].state["step"] == 3
     assert shown[0].state["step"] == 20  # the first view kept its own run
-    assert sess.events.tags["session"] != shown[1]._session
+    assert sess.token != shown[1]._session and shown[1]._session.startswith("session-")
 
 
 def test_scaling_study_events_show_a_scaling_view(shown):
-    ROOT.emit("scaling_started", workers=[1, 2])
-    ROOT.emit("scaling_point", workers=1, samples_per_s=10.0, speedup=1.0, efficiency=1.0)
-    ROOT.emit("scaling_finished", rows=[{"workers": 1, "samples_per_s": 10.0, "speedup": 1.0, "efficiency": 1.0}])
+    study = {"session": "study-1"}
+    ROOT.emit(ScalingStarted(**study, workers=(1, 2)))
+    ROOT.emit(ScalingPoint(**study, workers=1, samples_per_s=10.0, speedup=1.0, efficiency=1.0))
+    row = {"workers": 1, "samples_per_s": 10.0, "speedup": 1.0, "efficiency": 1.0}
+    ROOT.emit(ScalingFinished(**study, rows=(row,)))
     (view,) = shown
     assert isinstance(view, ScalingView) and view.state["status"] == "done"
 
@@ -48,10 +50,10 @@ def test_install_is_idempotent_and_uninstall_stops_it():
     stream, shown = EventStream(), []
     notebook.install(stream, display=shown.append)
     notebook.install(stream, display=shown.append)
-    stream.emit("fit_started", session=1, steps=1, batch_size=1, fetches=[])
+    stream.emit(FitStarted(session="s1", steps=1, batch_size=1))
     assert len(shown) == 1
     notebook.uninstall()
-    stream.emit("fit_started", session=2, steps=1, batch_size=1, fetches=[])
+    stream.emit(FitStarted(session="s2", steps=1, batch_size=1))
     assert len(shown) == 1 and not notebook.installed()
 
 

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from workbench.events import EventStream
+from workbench.events import EventStream, RunFailed, RunStarted
 from workbench.widgets import ClusterView, GraphView, ScalingView, TrainingView
 from workbench.widgets._base import SVG_MIME
 from workbench.widgets.playground import Playground
@@ -57,7 +57,7 @@ def test_graph_view_picture_shows_every_visible_node_and_run_states(mlp):
     assert len(nodes) == len(view.layout["nodes"]) == 10
     assert "graph mlp · 10 nodes · folded: SGD, gradients" in texts(root)
     assert {"x", "w", "matmul", "gradients"} <= {n.get("data-id") for n in nodes}
-    view.feed([{"kind": "run_started", "ops": ["x", "w", "matmul"]}, {"kind": "run_failed", "op": "matmul", "error": "boom"}])
+    view.feed([RunStarted(graph=mlp.token, ops=("x", "w", "matmul")), RunFailed(graph=mlp.token, op="matmul", error="boom")])
     states = {n.get("data-id"): n.get("data-state") for n in bundle_svg(view).findall(".//svg:g[@data-id]", NS)}
     assert states["matmul"] == "error" and states["x"] == "done"
 
@@ -75,7 +75,7 @@ def test_training_view_picture_is_refreshed_once_when_the_fit_ends(updates):
 
 
 def test_graph_view_sends_a_new_picture_only_when_it_changes(mlp, updates):
-    stream = EventStream()
+    stream = EventStream(graph=mlp.token)
     view = shown(GraphView(mlp).follow(stream))
     ops = ["x", "w", "matmul"]
     for _ in range(50):  # the same ops run again and again: one picture

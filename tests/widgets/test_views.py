@@ -1,16 +1,31 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.events import EventStream
+from workbench.events import (
+    EventStream,
+    FitFinished,
+    FitStarted,
+    NodeState,
+    Restarted,
+    RunFailed,
+    RunFinished,
+    RunStarted,
+    ScalingFinished,
+    ScalingPoint,
+    ScalingStarted,
+    Step,
+)
 from workbench.widgets import ClusterView, GraphView, ScalingView, Throttle, TrainingView
 from workbench.widgets.training_view import Series, TrainingModel
 
 
-def steps(n, labels=("loss",), **extra):
+def steps(n, labels=("loss",), session="", **metrics):
     for i in range(1, n + 1):
-        yield {"kind": "step", "step": i, "time": 0.01, "samples_per_s": 100.0 * i,
-               **{k: 1.0 / i for k in labels}, **extra}  # fmt: skip
+        fetches = {k: 1.0 / i for k in labels}
+        yield Step(session=session, step=i, time=0.01, samples_per_s=100.0 * i, fetches=fetches, metrics=metrics)
 
 
 # -- throttling ---------------------------------------------------------------------------
@@ -32,15 +47,15 @@ def test_throttle_pushes_at_most_ten_times_a_second_and_always_the_last_state(cl
 
 def test_training_view_updates_at_most_ten_times_a_second_whatever_the_step_rate(clock):
     stream = EventStream()
-    view = TrainingView(clock=clock).follow(stream, session=1)
+    view = TrainingView(clock=clock).follow(stream, session="s1")
     syncs = []
     view.observe(lambda change: syncs.append(clock()), names="state")
-    stream.emit("fit_started", session=1, steps=5000, batch_size=32, fetches=["loss"])
-    for event in steps(5000):
+    stream.emit(FitStarted(session="s1", steps=5000, batch_size=32, fetches=("loss",)))
+    for event in steps(5000, session="s1"):
         clock.advance(0.0004)  # 2,500 steps/s for 2 s
-        stream.emit(**event, session=1)
+        stream.emit(event)
     assert len(syncs) <= 2 * 10 + 1
-    stream.emit("fit_finished", session=1, steps=5000)
+    stream.emit(FitFinished(session="s1", steps=5000))
     assert view.state["step"] == 5000 and view.state["status"] == "done"
     assert view.state["curves"]["loss"][-1] == [5000, 1.0 / 5000]
     assert not view.following  # the run is over
@@ -48,9 +63,23 @@ def test_training_view_updates_at_most_ten_times_a_second_whatever_the_step_rate
 
 def test_training_view_ignores_other_sessions(clock):
     stream = EventStream()
-    view = TrainingView(clock=clock).follow(stream, session=1)
-    stream.emit("fit_started", session=2, steps=10, batch_size=4, fetches=[])
+    view = TrainingView(clock=clock).follow(stream, session="s1")
+    stream.emit(FitStarted(session="s2", steps=10, batch_size=4))
     assert view.model.status == "waiting"
+
+
+def test_fetches_may_be_called_anything(clock):
+    """A fetch named like a field of the step (time, workers, step) is still a curve of its own."""
+    model = TrainingModel()
+    labels = ("time", "workers", "step", "replicas", "samples/s")
+    model.handle(FitStarted(steps=3, batch_size=4, fetches=labels), clock())
+    for event in steps(3, labels=labels, replicas=2, workers={"tcp://a": 0.005}):
+        model.handle(event, clock())
+    snap = model.snapshot()
+    assert sorted(snap["curves"]) == sorted(labels)
+    assert snap["curves"]["workers"][-1] == [3, 1.0 / 3] and snap["step"] == 3
+    assert snap["replicas"] == 2 and snap["throughput"][-1] == [3, 300.0]
+    assert snap["workers"] == {"tcp://a": pytest.approx(0.5)}
 
 
 # -- training model -----------------------------------------------------------------------
@@ -58,7 +87,7 @@ def test_training_view_ignores_other_sessions(clock):
 
 def test_training_model_progress_eta_and_curves(clock):
     model = TrainingModel()
-    model.handle({"kind": "fit_started", "steps": 100, "batch_size": 32, "fetches": ["loss", "acc"]}, clock())
+    model.handle(FitStarted(steps=100, batch_size=32, fetches=("loss", "acc")), clock())
     for event in steps(25, labels=("loss", "acc")):
         clock.advance(0.1)
         model.handle(event, clock())
@@ -71,19 +100,18 @@ def test_training_model_progress_eta_and_curves(clock):
     assert sorted(snap["curves"]) == ["acc", "loss"]
     assert snap["throughput"][-1] == [25, 2500.0]
     assert snap["workers"] == {}
-    assert model.handle({"kind": "fit_finished", "steps": 100}, clock()) is True
+    assert model.handle(FitFinished(steps=100), clock()) is True
     assert model.snapshot()["eta"] is None
 
 
 def test_training_model_worker_utilization_replicas_and_dropped(clock):
     model = TrainingModel()
-    model.handle({"kind": "fit_started", "steps": 4, "batch_size": 8, "fetches": ["loss"]}, clock())
+    model.handle(FitStarted(steps=4, batch_size=8, fetches=("loss",)), clock())
     workers = {"tcp://a": 0.05, "tcp://b": 0.1}
     for event in steps(4, replicas=2, workers=workers, dropped=0):
-        event["time"] = 0.1
-        model.handle(event, clock())
-    model.handle({"kind": "step", "step": 5, "time": 0.1, "samples_per_s": 1.0, "loss": 0.1,
-                  "workers": {"tcp://a": 0.1}, "dropped": 1}, clock())  # fmt: skip
+        model.handle(dataclasses.replace(event, time=0.1), clock())
+    model.handle(Step(step=5, time=0.1, samples_per_s=1.0, fetches={"loss": 0.1},
+                      metrics={"workers": {"tcp://a": 0.1}, "dropped": 1}), clock())  # fmt: skip
     snap = model.snapshot()
     assert snap["workers"] == {"tcp://a": pytest.approx(0.3 / 0.5), "tcp://b": pytest.approx(0.4 / 0.5)}
     assert snap["replicas"] == 2 and snap["dropped"] == 1
@@ -91,13 +119,12 @@ def test_training_model_worker_utilization_replicas_and_dropped(clock):
 
 def test_a_resumed_cluster_fit_plots_only_its_metrics(clock):
     model = TrainingModel()
-    model.handle({"kind": "fit_started", "steps": 100, "batch_size": 8, "fetches": ["loss"], "start": 60,
-                  "replicas": 2, "workers": 2}, clock())  # fmt: skip
+    model.handle(FitStarted(steps=100, batch_size=8, fetches=("loss",), start=60, replicas=2, workers=2), clock())
     clock.advance(4.0)
-    model.handle({"kind": "step", "step": 80, "time": 0.2, "samples_per_s": 40.0, "loss": 0.5, "replicas": 2,
-                  "compute_seconds": 0.1, "reduce_seconds": 0.01, "update_seconds": 0.01, "bytes_moved": 1024,
-                  "workers": {"tcp://a": 0.1, "tcp://b": 0.1}, "dropped": 0}, clock())  # fmt: skip
-    model.handle({"kind": "restarted", "step": 80, "attempt": 1}, clock())
+    metrics = {"replicas": 2, "compute_seconds": 0.1, "reduce_seconds": 0.01, "update_seconds": 0.01,
+               "bytes_moved": 1024, "workers": {"tcp://a": 0.1, "tcp://b": 0.1}, "dropped": 0}  # fmt: skip
+    model.handle(Step(step=80, time=0.2, samples_per_s=40.0, fetches={"loss": 0.5}, metrics=metrics), clock())
+    model.handle(Restarted(step=80, attempt=1), clock())
     snap = model.snapshot()
     assert list(snap["curves"]) == ["loss"]
     assert snap["eta"] == pytest.approx(4.0)  # 20 steps in 4 s since step 60; 20 to go
@@ -106,16 +133,16 @@ def test_a_resumed_cluster_fit_plots_only_its_metrics(clock):
 
 def test_non_scalar_fetches_are_not_plotted(clock):
     model = TrainingModel()
-    model.handle({"kind": "fit_started", "steps": 1, "batch_size": 1, "fetches": ["loss", "logits", "nan"]}, clock())
-    model.handle({"kind": "step", "step": 1, "time": 0.1, "samples_per_s": 10.0, "loss": 1.0,
-                  "logits": np.zeros(3), "nan": float("nan")}, clock())  # fmt: skip
+    model.handle(FitStarted(steps=1, batch_size=1, fetches=("loss", "logits", "nan")), clock())
+    fetches = {"loss": 1.0, "logits": np.zeros(3), "nan": float("nan")}
+    model.handle(Step(step=1, time=0.1, samples_per_s=10.0, fetches=fetches), clock())
     assert list(model.snapshot()["curves"]) == ["loss"]
 
 
 def test_a_failed_run_shows_where(clock):
     model = TrainingModel()
-    model.handle({"kind": "fit_started", "steps": 10, "batch_size": 1, "fetches": []}, clock())
-    assert model.handle({"kind": "run_failed", "op": "log", "error": "NaN"}, clock()) is True
+    model.handle(FitStarted(steps=10, batch_size=1), clock())
+    assert model.handle(RunFailed(op="log", error="NaN"), clock()) is True
     assert model.snapshot()["status"] == "failed" and model.snapshot()["error"] == "log: NaN"
 
 
@@ -191,18 +218,20 @@ def test_graph_view_search_reveals_and_highlights_a_hidden_op():
 def test_graph_view_node_states_from_run_events(mlp, clock):
     stream = EventStream()
     view = GraphView(mlp, clock=clock).follow(stream)
-    ops = ["x", "y", "w", "b", "matmul", "add", "softmax_cross_entropy", "mean"]
-    stream.emit("run_started", session=7, ops=ops)
+    ops = ("x", "y", "w", "b", "matmul", "add", "softmax_cross_entropy", "mean")
+    mine = {"session": "s7", "graph": mlp.token}
+    stream.emit(RunStarted(**mine, ops=ops))
     assert view.states["matmul"] == "running"
-    stream.emit("run_finished", session=7)
+    stream.emit(RunFinished(**mine))
     assert set(view.states.values()) == {"done"}
     clock.advance(1)
-    stream.emit("run_started", session=7, ops=ops + ["gradients/ones_like", "SGD/update"])
-    stream.emit("run_failed", session=7, op="add", error="boom")
+    stream.emit(RunStarted(**mine, ops=ops + ("gradients/ones_like", "SGD/update")))
+    stream.emit(RunFailed(**mine, op="add", error="boom"))
     assert view.states["matmul"] == "done" and view.states["add"] == "error"
     assert view.states["mean"] == "waiting" and view.states["gradients"] == "waiting"
-    stream.emit("run_started", session=8, ops=["not_in_this_graph"])
-    stream.emit("run_finished", session=8)
+    other = wb.Graph(name=mlp.name)  # same names, another graph: its runs are not this view's
+    stream.emit(RunStarted(session="s8", graph=other.token, ops=ops))
+    stream.emit(RunFinished(session="s8", graph=other.token))
     assert view.states["add"] == "error"
     assert view.following  # a graph view follows every run
 
@@ -214,7 +243,7 @@ def test_graph_view_state_updates_are_throttled(mlp, clock):
     view.observe(lambda change: pushes.append(clock()), names="states")
     for i in range(1000):  # a node_state storm: 1,000 events in 1 s
         clock.advance(0.001)
-        stream.emit("node_state", session=1, op="matmul", state="running" if i % 2 else "done")
+        stream.emit(NodeState(session="s1", graph=mlp.token, op="matmul", state="running" if i % 2 else "done"))
     assert len(pushes) <= 11
 
 
@@ -225,8 +254,26 @@ def test_graph_view_from_a_real_session(mlp):
         sess.run(mlp.loss, {"x": np.zeros((2, 64)), "y": np.zeros(2, "int64")})
     finally:
         view.stop()
-    if view.states:  # sessions that emit run events colour the nodes
-        assert view.states["mean"] == "done"
+    assert view.states["mean"] == "done"
+
+
+def test_graph_views_of_two_graphs_with_the_same_names_stay_apart():
+    def build():
+        g = wb.Graph(name="twin")
+        with g.as_default():
+            x = wb.placeholder("x", shape=(None, 2))
+            w = wb.variable("w", shape=(2,), init=1.0)
+            y = wb.sum(x * w, axis=1)
+        return g, y
+
+    (first, y1), (second, _) = build(), build()
+    views = [GraphView(g).follow(wb.events.ROOT) for g in (first, second)]
+    try:
+        wb.Session(first).run(y1, {"x": np.ones((1, 2))})
+    finally:
+        for view in views:
+            view.stop()
+    assert views[0].states["sum"] == "done" and views[1].states == {}
 
 
 # -- scaling and cluster views ------------------------------------------------------------
@@ -235,13 +282,13 @@ def test_graph_view_from_a_real_session(mlp):
 def test_scaling_view_rows_arrive_one_by_one():
     stream = EventStream()
     view = ScalingView().follow(stream)
-    stream.emit("scaling_started", workers=[1, 2, 4])
+    stream.emit(ScalingStarted(workers=(1, 2, 4)))
     assert view.state == {"planned": [1, 2, 4], "rows": [], "status": "running"}
-    stream.emit("scaling_point", workers=2, samples_per_s=180.0, speedup=1.8, efficiency=0.9)
-    stream.emit("scaling_point", workers=1, samples_per_s=100.0, speedup=1.0, efficiency=1.0)
+    stream.emit(ScalingPoint(workers=2, samples_per_s=180.0, speedup=1.8, efficiency=0.9))
+    stream.emit(ScalingPoint(workers=1, samples_per_s=100.0, speedup=1.0, efficiency=1.0))
     assert [r["workers"] for r in view.state["rows"]] == [1, 2]  # pushed at once, sorted
     rows = [{"workers": n, "samples_per_s": 100.0 * n * 0.9, "speedup": 0.9 * n, "efficiency": 0.9} for n in (1, 2, 4)]
-    stream.emit("scaling_finished", rows=rows)
+    stream.emit(ScalingFinished(rows=tuple(rows)))
     assert view.state["status"] == "done" and len(view.state["rows"]) == 3
     assert not view.following
 

@@ -1,4 +1,5 @@
-"""Data-parallel synchronous SGD on a Dask cluster: the thin shell around the coordinator.
+"""The ``parameter_server`` step engine: data-parallel synchronous SGD as Dask task graphs,
+the thin shell around the coordinator of :mod:`workbench.cluster.sync`.
 
 Variables stay on the workers as futures from step to step; a bounded window
 of steps is submitted ahead, so the client's round trip never stalls the
@@ -13,17 +14,19 @@ import queue
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Iterator
 
 import numpy as np
 from dask.task_spec import List, TaskRef
 
-from workbench import checkpoint
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_name
+from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
-from workbench.training import History, batch_indices, is_dask_array
+from workbench.events import EventStream, Restarted, Synced
+from workbench.fitloop import FitRequest, StepOutcome
+from workbench.training import batch_indices, is_dask_array
 
 
 def _infrastructure_errors() -> tuple:
@@ -39,142 +42,132 @@ def _infrastructure_errors() -> tuple:
     return tuple(errors)
 
 
-class ClusterFit:
-    """One ``fit`` on a cluster. See :meth:`workbench.Session.fit` for the parameters."""
+class ParameterServer:
+    """The ``parameter_server`` step engine: each step is ``R`` replica tasks, a fixed-order
+    reduction tree and one update task (see :mod:`workbench.cluster.lower`), driven by the
+    :class:`~workbench.cluster.sync.Coordinator`. Backup replicas drop the slowest shards.
 
-    def __init__(
-        self,
-        session,
-        client,
-        train,
-        data: dict,
-        batch_size: int,
-        steps: int,
-        replicas: int,
-        fetches: list[str],
-        labels: list[str],
-        batch_seed,
-        window: int = 4,
-        sync_every: int = 20,
-        checkpoint_dir=None,
-        checkpoint_every: int | None = None,
-        workers=None,
-        callback: Callable[[dict], Any] | None = None,
-        step_timeout: float = 300.0,
-        backup_replicas: int = 0,
-    ):
-        self.session, self.client, self.graph = session, client, session.graph
-        self.batch_size, self.steps, self.replicas = batch_size, steps, replicas
-        self.labels, self.batch_seed, self.window = labels, batch_seed, window
-        self.checkpoint_dir, self.checkpoint_every = checkpoint_dir, checkpoint_every
-        self.workers, self.callback, self.step_timeout = workers, callback, step_timeout
-        self.sync_every = min(sync_every, checkpoint_every) if checkpoint_every else sync_every
-        self.backups = int(backup_replicas)
-        if self.backups < 0:
-            raise ClusterError(f"backup_replicas must be 0 or more, got {backup_replicas}")
+    A :class:`~workbench.fitloop.StepEngine`: it takes the variables as host arrays in
+    :meth:`start`, keeps them on the workers from step to step, and brings them home at
+    sync points (every ``sync_every`` steps, where the loop asks, and at the last step).
+    """
+
+    strategy = "parameter_server"
+
+    def __init__(self, request: FitRequest, client, options: ClusterOptions, events: EventStream):
+        self.client, self.request, self.events = client, request, events
+        self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
+        self.graph_name = request.graph.name
+        self.batch_size, self.steps = request.batch_size, request.steps
+        self.replicas = options.replicas_for(client)
+        self.workers = options.worker_count(client)
+        self.window, self.sync_every, self.step_timeout = options.window, options.sync_every, options.step_timeout
+        self.worker_addresses, self.backups = options.workers, options.backup_replicas
         self.program = TrainingProgram.from_graph(
-            self.graph, train, fetches, seed=session.seed, device=session.device, device_options=session.device_options
+            request.graph, request.train, list(request.fetches.values()), seed=request.seed,
+            device=request.device.kind, device_options=request.device.options,
         )
-        missing = set(self.program.feeds) - set(data)
+        missing = set(self.program.feeds) - set(request.data)
         if missing:
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
-        self.data = {name: data[name] for name in self.program.feeds}
+        self.data = {name: request.data[name] for name in self.program.feeds}
         self.num_examples = len(next(iter(self.data.values())))
-        self.history = History()
+        self.labels = list(request.fetches)
+        self.restarts = 0
         self._transient = _infrastructure_errors()
 
-    # -- set-up ---------------------------------------------------------------------------
-    def _start_state(self) -> tuple[dict, int]:
-        resumed = checkpoint.latest(self.checkpoint_dir)
-        if resumed is not None:
-            variables, step = resumed
-            missing = set(self.program.state_variables) - set(variables)
-            if missing:
-                raise ClusterError(f"checkpoint in {self.checkpoint_dir!r} lacks variables {sorted(missing)}")
-            return {n: variables[n] for n in self.program.state_variables}, min(step, self.steps)
-        self.session._ensure_initialized(self.program.state_variables)
-        return {n: np.asarray(self.session._to_host(self.session._state[n])) for n in self.program.state_variables}, 0
+    # -- the StepEngine seam ------------------------------------------------------------------
+    def start(self, variables: dict, step: int) -> None:
+        options = dict(self.program.device_options)
+        if self.program.device == "gpu" and not options.get("emulate"):
+            from workbench.cluster.transfers import DeviceTransfers
+
+            self.client.register_plugin(DeviceTransfers())  # every worker can send CuPy arrays
+        state = {n: np.asarray(variables[n]) for n in self.program.state_variables}
+        self.host = ({**variables, **state}, step)
+        self._scatter(state, step)
+
+    def variables(self) -> tuple[dict, int]:
+        return self.host
+
+    def close(self) -> None:
+        self.metrics, self.updates = deque(), {}  # the scheduler forgets what nobody wants
+
+    def run(self, first: int, last: int, sync_at) -> Iterator[StepOutcome]:
+        coordinator = Coordinator(first - 1, last, window=self.window, sync_every=self.sync_every, sync_at=sync_at)
+        todo, outcomes = deque(coordinator.start()), deque()
+        while True:
+            finished = self._carry_out(todo, coordinator, outcomes)
+            # a step the loop checkpoints is reported once its variables are home
+            while outcomes and (not sync_at(outcomes[0].step) or self.host[1] >= outcomes[0].step):
+                yield outcomes.popleft()
+            if finished:
+                break
+            todo.extend(self._wait(coordinator))
+        self.restarts = coordinator.restarts
+
+    # -- the shell around the coordinator -------------------------------------------------------
+    def _carry_out(self, todo: deque, coordinator: Coordinator, outcomes: deque) -> bool:
+        """Carry out the coordinator's instructions; True once it says Finish."""
+        while todo:
+            instruction = todo.popleft()
+            if isinstance(instruction, Submit):
+                self._submit(instruction.step)
+            elif isinstance(instruction, Record):
+                outcomes.append(self._outcome(instruction.step, instruction.metrics))
+            elif isinstance(instruction, Sync):
+                try:
+                    self._sync(instruction.step)
+                except self._transient as e:
+                    todo.clear()
+                    todo.extend(coordinator.failed(instruction.step, e))
+                    continue
+                todo.extend(coordinator.synced(instruction.step))
+            elif isinstance(instruction, Restart):
+                self._restart(instruction)
+            elif isinstance(instruction, Finish):
+                return True
+        return False
+
+    def _wait(self, coordinator: Coordinator) -> list:
+        """Wait for the oldest step in flight; the coordinator's next instructions."""
+        step, future = self.metrics[0]
+        try:
+            metrics = future.result(timeout=self.step_timeout)
+        except self._transient as e:
+            return coordinator.failed(step, e)
+        except WorkbenchError:
+            raise
+        except Exception as e:
+            raise ClusterError(f"step {step} failed on the cluster: {type(e).__name__}: {e}") from e
+        self.metrics.popleft()
+        for old in [s for s in self.updates if s < step]:
+            del self.updates[old]
+        return coordinator.step_done(step, metrics)
 
     def _scatter(self, variables: dict, step: int) -> None:
         client = self.client
         self.token = uuid.uuid4().hex[:8]
         self.program_ref = client.scatter(self.program, broadcast=True, hash=False)
         # a list, so that scatter keeps the dict whole
-        self.state_ref = client.scatter([initial_state(variables, step)], hash=False, workers=self.workers)[0]
+        self.state_ref = client.scatter([initial_state(variables, step)], hash=False, workers=self.worker_addresses)[0]
         self.sources = {}
         for name, value in self.data.items():
             if is_dask_array(value):
                 self.sources[name] = _Chunks(client, value)
             else:
-                future = client.scatter(np.asarray(value), broadcast=True, hash=False, workers=self.workers)
+                future = client.scatter(np.asarray(value), broadcast=True, hash=False, workers=self.worker_addresses)
                 self.sources[name] = _Whole(future)
         self.updates: dict[int, Any] = {}
         self.metrics: deque = deque()
         self.state_bytes = int(sum(np.asarray(v).nbytes for v in variables.values()))
-        self.worker_list = list(self.workers or sorted(client.scheduler_info().get("workers", {}))) or [None]
-
-    # -- the loop -------------------------------------------------------------------------
-    def run(self) -> History:
-        options = dict(self.program.device_options)
-        if self.program.device == "gpu" and not options.get("emulate"):
-            from workbench.cluster.transfers import DeviceTransfers
-
-            self.client.register_plugin(DeviceTransfers())  # every worker can send CuPy arrays
-        variables, start = self._start_state()
-        self.host = (variables, start)
-        self._scatter(variables, start)
-        coordinator = Coordinator(start, self.steps, window=self.window, sync_every=self.sync_every)
-        self.session.events.emit(
-            "fit_started", steps=self.steps, batch_size=self.batch_size, fetches=self.labels,
-            replicas=self.replicas, start=start, workers=len(self.workers or self.client.scheduler_info().get("workers", {})),
-            graph=self.graph.name, scheduler=self.client.scheduler.address,
-        )  # fmt: skip
-        self._last_time = time.perf_counter()
-        todo = deque(coordinator.start())
-        finished = False
-        while not finished:
-            while todo:
-                instruction = todo.popleft()
-                if isinstance(instruction, Submit):
-                    self._submit(instruction.step)
-                elif isinstance(instruction, Record):
-                    self._record(instruction.step, instruction.metrics)
-                elif isinstance(instruction, Sync):
-                    try:
-                        self._sync(instruction.step)
-                    except self._transient as e:
-                        todo = deque(coordinator.failed(instruction.step, e))
-                        continue
-                    todo.extend(coordinator.synced(instruction.step))
-                elif isinstance(instruction, Restart):
-                    self._restart(instruction)
-                elif isinstance(instruction, Finish):
-                    finished = True
-            if finished:
-                break
-            step, future = self.metrics[0]
-            try:
-                metrics = future.result(timeout=self.step_timeout)
-            except self._transient as e:
-                todo.extend(coordinator.failed(step, e))
-                continue
-            except WorkbenchError:
-                raise
-            except Exception as e:
-                raise ClusterError(f"step {step} failed on the cluster: {type(e).__name__}: {e}") from e
-            self.metrics.popleft()
-            todo.extend(coordinator.step_done(step, metrics))
-            for old in [s for s in self.updates if s < coordinator.done]:
-                del self.updates[old]
-        variables, _ = self.host
-        self.session._state.update({n: self.session.xp.asarray(v) for n, v in variables.items()})
-        self.session.events.emit("fit_finished", steps=self.steps, restarts=coordinator.restarts)
-        return self.history
+        self.worker_list = list(self.worker_addresses or sorted(client.scheduler_info().get("workers", {}))) or [None]
 
     def _batch(self, step: int) -> np.ndarray:
         # backup replicas get shards of their own: the step draws their rows too
         size = self.batch_size + self.backups * (self.batch_size // self.replicas)
-        return next(batch_indices(self.num_examples, size, self.steps, self.batch_seed, start=step - 1))
+        seed = self.request.batch_seed
+        return next(batch_indices(self.num_examples, size, self.steps, seed, start=step - 1))
 
     def _submit(self, step: int) -> None:
         index = self._batch(step)
@@ -186,7 +179,7 @@ class ClusterFit:
 
         shards_ = self.replicas + self.backups
         weight = (lambda part: len(part) / len(index)) if not self.backups else (lambda part: 1.0 / self.replicas)
-        tasks, keys = replica_tasks(self.program_ref, previous, data, index, shards_, weight, self.graph.name, step, self.token)
+        tasks, keys = replica_tasks(self.program_ref, previous, data, index, shards_, weight, self.graph_name, step, self.token)
         # replica i prefers worker i (mod the count): the scheduler alone would put every
         # replica next to the variables, on one worker
         replicas = []
@@ -196,10 +189,9 @@ class ClusterFit:
         if self.backups:
             replicas = self._first_to_finish(replicas)
         combine = combine_tasks(self.program_ref, previous, [TaskRef(f.key) for f in replicas], keys, self.token)
-        metrics, update = self.client.get(combine, [keys["metrics"], keys["update"]], sync=False, workers=self.workers)
+        metrics, update = self.client.get(combine, [keys["metrics"], keys["update"]], sync=False, workers=self.worker_addresses)
         self.updates[step] = update
         self.metrics.append((step, metrics))
-
     def _first_to_finish(self, replicas: list) -> list:
         """Backup replicas (Chen et al. 2016): the first ``self.replicas`` to finish, in replica order.
 
@@ -220,15 +212,9 @@ class ClusterFit:
                     raise concurrent.futures.CancelledError(f"{failed} of {len(replicas)} replicas failed")
         return sorted(chosen, key=lambda f: order[f.key])
 
-    def _record(self, step: int, metrics: dict) -> None:
-        now = time.perf_counter()
-        elapsed, self._last_time = now - self._last_time, now
+    def _outcome(self, step: int, metrics: dict) -> StepOutcome:
         compute = metrics["compute"]
-        record = {
-            "step": step,
-            "time": elapsed,
-            "samples_per_s": self.batch_size / elapsed if elapsed > 0 else float("inf"),
-            **dict(zip(self.labels, metrics["fetches"])),
+        measured = {
             "replicas": self.replicas,
             "compute_seconds": max(compute.values()) if compute else 0.0,
             "reduce_seconds": metrics["reduce_seconds"],
@@ -237,24 +223,19 @@ class ClusterFit:
             "bytes_moved": (self.replicas - 1) * 2 * self.state_bytes,
             "dropped": self.backups,
         }
-        self.history.append(record)
-        self.session.events.emit("step", **record)
-        if self.callback is not None:
-            self.callback(record)
+        return StepOutcome(step, dict(zip(self.labels, metrics["fetches"])), measured)
 
     def _sync(self, step: int) -> None:
         update = self.updates.pop(step)
         if self.program.device != "cpu":  # the worker copies the variables off its GPU
-            key = (task_name(self.graph.name, "host", step), self.token)
+            key = (task_name(self.graph_name, "host", step), self.token)
             update = self.client.submit(host_state, update, key=key, pure=False)
         state = update.result(timeout=self.step_timeout)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}
-        self.host = (variables, step)
+        self.host = ({**self.host[0], **variables}, step)
         # the next steps start from this copy: the lineage ends here
-        self.state_ref = self.client.scatter([state], hash=False, workers=self.workers)[0]
-        if self.checkpoint_dir is not None and (step % (self.checkpoint_every or self.sync_every) == 0 or step == self.steps):
-            checkpoint.save_step(self.checkpoint_dir, variables, step)
-        self.session.events.emit("synced", step=step)
+        self.state_ref = self.client.scatter([state], hash=False, workers=self.worker_addresses)[0]
+        self.events.emit(Synced, step=step)
 
     def _restart(self, instruction: Restart) -> None:
         # Drop the old attempt's futures: the scheduler forgets what nobody wants. (Cancelling
@@ -262,8 +243,8 @@ class ClusterFit:
         self.metrics.clear()
         self.updates.clear()
         variables, step = self.host
-        self.session.events.emit("restarted", step=step, attempt=instruction.attempt)
-        self._scatter(variables, step)
+        self.events.emit(Restarted, step=step, attempt=instruction.attempt)
+        self._scatter({n: variables[n] for n in self.program.state_variables}, step)
 
 
 class _Whole:

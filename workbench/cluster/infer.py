@@ -3,7 +3,9 @@
 Each chunk of the fed dask arrays (along the first axis) becomes one task that
 runs the compiled plan on it with the session's current variables (sent once,
 as one shared key); the result is a dask array per fetch, lazily, with the
-same chunks along the first axis.
+same chunks along the first axis. The client ships the graph already pruned
+and optimized; a worker compiles it once for the session's kind of device (a
+GPU session's chunks run on each worker's GPU) through the one plan compiler.
 """
 
 from __future__ import annotations
@@ -13,54 +15,62 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench.cluster.program import open_worker_device, worker_device
 from workbench.errors import FeedError, GraphError
+from workbench.graph.compile import PlanCache, compile_plan
 from workbench.graph.core import Graph, Tensor
-from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
 from workbench.ops import rules
 
 
 @dataclass(frozen=True)
 class InferenceProgram:
+    """What every chunk task runs: the graph already pruned and optimized for the fetches
+    (workers only compile it for their device), as JSON."""
+
     graph_json: str
     fetches: tuple
     feeds: tuple  # placeholders fed chunk by chunk, in argument order
     constants: tuple  # placeholders fed the same value for every chunk
     seed: int = 0
     digest: str = field(default="", compare=False)
+    device: str = "cpu"  # "cpu" or "gpu": the session's device kind, opened on the worker
+    device_options: tuple = ()
 
 
-_PLANS: dict[str, tuple[Plan, dict]] = {}
+#: Plans of the inference programs this process has run, by digest.
+PLANS = PlanCache(maxsize=32)
 
 
-def _plan(program: InferenceProgram) -> tuple[Plan, dict]:
-    found = _PLANS.get(program.digest)
-    if found is None:
-        graph = Graph.from_json(program.graph_json)
-        fed = list(program.feeds) + list(program.constants)
-        optimized = optimize(graph, list(program.fetches), fed=fed)
-        order = [op.name for op in optimized.operations if op.type == "placeholder"]
-        state: dict = {}
-        found = _PLANS[program.digest] = (Plan(optimized, list(program.fetches), order, np, state, program.seed), state)
-        if len(_PLANS) > 32:
-            _PLANS.pop(next(iter(_PLANS)))
-    return found
+def _compile(program: InferenceProgram) -> Plan:
+    device = open_worker_device(program.device, program.device_options)
+    graph = Graph.from_json(program.graph_json)
+    fed = [*program.feeds, *program.constants]
+    return compile_plan(graph, list(program.fetches), fed, device, seed=program.seed, optimized=True)
 
 
 def run_chunk(program: InferenceProgram, variables: dict, constants: tuple, *chunks) -> tuple:
-    """The fetches for one chunk of the fed arrays."""
-    plan, state = _plan(program)
-    state.clear()
-    state.update(variables)
+    """The fetches for one chunk of the fed arrays (NumPy, whatever the device)."""
+    plan = PLANS.get(program.digest, lambda: _compile(program))
+    device = open_worker_device(program.device, program.device_options)
+    # every chunk of a program sets the same names: no clear(), which would race with
+    # chunks running in other threads of this process
+    plan.state.update({n: device.put(np.asarray(v)) for n, v in variables.items()})
     values = dict(zip(program.feeds, chunks))
     values.update(zip(program.constants, constants))
-    order = [op.name for op in plan.graph.operations if op.type == "placeholder"]
-    return tuple(np.asarray(v) for v in plan.run([values[name] for name in order]))
+    fetched = device.run(plan, [device.put(np.asarray(values[name])) for name in plan.feed_names])
+    return tuple(np.asarray(device.to_host(v)) for v in fetched)
 
 
-def run_sharded(graph: Graph, fetches: list[Tensor], feeds: dict, variables: dict, seed: int = 0) -> list:
+def run_sharded(
+    graph: Graph, fetches: list[Tensor], feeds: dict, variables: dict, seed: int = 0, device: tuple = ("cpu", {})
+) -> list:
     """Dask arrays of ``fetches`` computed chunk by chunk; ``feeds`` maps placeholder names to
-    dask arrays (split along axis 0) or to arrays used whole for every chunk."""
+    dask arrays (split along axis 0) or to arrays used whole for every chunk.
+
+    ``graph`` is already pruned and optimized for the fetches; ``device`` is the
+    session's ``(kind, options)``, opened on whichever worker runs a chunk.
+    """
     import dask
     import dask.array as da
 
@@ -81,8 +91,9 @@ def run_sharded(graph: Graph, fetches: list[Tensor], feeds: dict, variables: dic
         arrays.append(value.rechunk({0: lengths, **{i: -1 for i in range(1, value.ndim)}}))
     text = graph.to_json()
     names = tuple(t.name for t in fetches)
-    digest = hashlib.sha1("\0".join([text, *names, *chunked, *constants]).encode()).hexdigest()[:16]
-    program = InferenceProgram(text, names, tuple(chunked), tuple(constants), seed, digest)
+    kind, options = worker_device(*device)
+    digest = hashlib.sha1("\0".join([text, *names, *chunked, *constants, kind, repr(options)]).encode()).hexdigest()[:16]
+    program = InferenceProgram(text, names, tuple(chunked), tuple(constants), seed, digest, kind, options)
     shared_program = dask.delayed(program, pure=True)
     shared_variables = dask.delayed(variables, pure=False)
     shared_constants = dask.delayed(tuple(constants.values()), pure=True)

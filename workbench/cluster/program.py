@@ -1,15 +1,17 @@
 """What workers run: a training graph split into a replica part and an update part.
 
-A :class:`TrainingProgram` is plain data (the graph as JSON plus names), sent to
+A :class:`TrainingProgram` is plain data (the pruned graph of each role as JSON, plus names), sent to
 the workers once. Each worker process compiles it into two plans the first time
 it sees it and keeps them: the **replica** plan computes the gradients (and the
 fetches) of one shard, the **update** plan applies the optimizer to reduced
 gradients. The task functions below are what the Dask graph calls.
 
-On GPU workers (a program with ``device="gpu"``) both plans run with the GPU
-namespace and fusion of :class:`workbench.gpu.GPU`, as a local GPU session's
-do: each replica task copies its shard to the device once, and variables and
-gradients stay CuPy arrays in the task results from replica to reduce to
+Workers compile through the one plan compiler
+(:func:`workbench.graph.compile.compile_plan`) for the device they open: on GPU
+workers (a program with ``device="gpu"``) both plans run with the GPU namespace
+and fusion of :class:`workbench.gpu.GPU`, as a local GPU session's do: each
+replica task copies its shard to the device once, and variables and gradients
+stay CuPy arrays in the task results from replica to reduce to
 update. Distributed serializes CuPy arrays itself: over TCP a move between
 workers goes through host memory, with UCX (``ucx://`` addresses, when
 installed) device to device. What the client reads (metrics, the variables of
@@ -25,26 +27,37 @@ from typing import Any
 
 import numpy as np
 
+from workbench.devices import open_device
 from workbench.errors import ClusterError
+from workbench.graph.compile import PlanCache, compile_plan
 from workbench.graph.core import Graph, Operation
+from workbench.graph.device import Device
 from workbench.graph.passes import optimize
-from workbench.graph.plan import Plan
 
 
 @dataclass(frozen=True)
 class TrainingProgram:
     """A training step of a graph, split for data-parallel execution.
 
+    The client prunes and optimizes the graph once for each role and ships the
+    results; workers only compile them for their device (:func:`compiled`).
+
     Attributes
     ----------
-    graph_json : str
-        The whole graph (see :meth:`Graph.to_json`); workers rebuild it, never unpickle it.
+    replica_json : str
+        The replica role (see :meth:`Graph.to_json`): the gradients and fetches
+        from the feeds, pruned and optimized. Workers rebuild it, never unpickle it.
+    update_json : str
+        The update role: the optimizer step, with each gradient fed as a placeholder
+        named after the gradient's op (``gradient_ops``).
     train : str
         The update operation (``optimizer.minimize(...)``).
     feeds : tuple of str
         Placeholders fed with each shard's rows.
     gradients : tuple of str
         Gradient tensors, cut between the replica and the update part.
+    gradient_ops : tuple of str
+        The op name of each gradient: its placeholder in the update role.
     fetches : tuple of str
         Tensors each replica also computes (the loss, metrics).
     replica_variables, state_variables : tuple of str
@@ -60,10 +73,12 @@ class TrainingProgram:
         The variable of the optimizer's dynamic loss scale, or "".
     """
 
-    graph_json: str
+    replica_json: str
+    update_json: str
     train: str
     feeds: tuple
     gradients: tuple
+    gradient_ops: tuple
     fetches: tuple
     replica_variables: tuple
     state_variables: tuple
@@ -86,13 +101,12 @@ class TrainingProgram:
                 f"{train_name!r} is not an optimizer update; distributed training needs the operation "
                 f"returned by optimizer.minimize() or apply_gradients() (this graph has: {known})"
             )
-        gradients = tuple(g for g, _ in record["gradients"])
+        gradients = tuple(record.gradient_names)
+        gradient_ops = tuple(graph.get(g).op.name for g in gradients)
         fetches = tuple(fetches)
         replica = optimize(graph, list(gradients) + list(fetches), fed=[p.name for p in graph.placeholders])
         update = optimize(graph, [train_name], fed=gradients)
-        fed_to_update = {op.name for op in update.operations if op.type == "placeholder"} - {
-            graph.get(g).op.name for g in gradients
-        }
+        fed_to_update = {op.name for op in update.operations if op.type == "placeholder"} - set(gradient_ops)
         if fed_to_update:
             raise ClusterError(
                 f"the update of {train_name!r} depends on placeholders {sorted(fed_to_update)}; "
@@ -102,12 +116,13 @@ class TrainingProgram:
         replica_vars = tuple(op.name for op in replica.operations if op.type == "variable")
         state_vars = tuple(sorted({op.name for op in update.operations if op.type == "variable"} | set(replica_vars)))
         device, options = worker_device(device, device_options or {})
-        text = graph.to_json()
-        digest = hashlib.sha1(
-            "\0".join([text, train_name, *feeds, *gradients, *fetches, str(seed), device, repr(options)]).encode()
-        ).hexdigest()[:16]
-        return cls(text, train_name, feeds, gradients, fetches, replica_vars, state_vars, seed, digest, device, options,
-                   loss_scale=record.get("loss_scale", ""))
+        texts = [replica.to_json(), update.to_json()]
+        parts = [*texts, train_name, *feeds, *gradients, *fetches, str(seed), device, repr(options)]
+        digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
+        return cls(
+            *texts, train_name, feeds, gradients, gradient_ops, fetches, replica_vars, state_vars, seed, digest,
+            device, options, loss_scale=record.loss_scale,
+        )
 
 
 WORKER_OPTIONS = ("memory_pool", "memory_limit", "fuse", "emulate")
@@ -133,68 +148,53 @@ def worker_device(device: str, options: dict) -> tuple[str, tuple]:
     return "gpu", tuple(sorted(kept.items()))
 
 
-class _Compiled:
-    """The two plans of a program in one worker process, each with its own state dict.
+_DEVICES: dict[tuple, Device] = {}
 
-    ``gpu`` is the worker's :class:`workbench.gpu.GPU` (None on NumPy); plans are
-    rewritten (fused) and run with its namespace, like a local GPU session's.
-    """
+
+def open_worker_device(kind: str, options: tuple) -> Device:
+    """This process's device of ``kind`` (``"cpu"`` or ``"gpu"``) with ``options``, opened once."""
+    key = (kind, options)
+    found = _DEVICES.get(key)
+    if found is None:
+        found = _DEVICES[key] = open_device(kind, **dict(options))
+    return found
+
+
+def opened_devices() -> list[Device]:
+    """The devices this process opened for programs."""
+    return list(_DEVICES.values())
+
+
+class WorkerPlans:
+    """The two plans of a program in one worker process, each with its own state dict,
+    compiled for the worker's device (fused on a GPU, as a local GPU session's are)."""
 
     def __init__(self, program: TrainingProgram):
-        graph = Graph.from_json(program.graph_json)
-        self.gpu = worker_gpu(program.device, program.device_options)
-        xp = np if self.gpu is None else self.gpu.xp
+        self.device = device = open_worker_device(program.device, program.device_options)
         self.replica_state: dict[str, Any] = {}
         self.update_state: dict[str, Any] = {}
-        fetches = list(program.gradients) + list(program.fetches)
-        replica = self._rewrite(optimize(graph, fetches, fed=program.feeds), fetches)
-        self.replica = Plan(replica, fetches, list(program.feeds), xp, self.replica_state, program.seed)
-        update = self._rewrite(optimize(graph, [program.train], fed=program.gradients), [program.train])
-        order = [op.name for op in update.operations if op.type == "placeholder"]
-        names = {graph.get(g).op.name: i for i, g in enumerate(program.gradients)}
-        self.update_order = [names[n] for n in order]
-        self.update = Plan(update, [program.train], order, xp, self.update_state, program.seed)
-
-    def _rewrite(self, graph: Graph, fetches: list[str]) -> Graph:
-        return graph if self.gpu is None else self.gpu.rewrite(graph, fetches)
+        replica = Graph.from_json(program.replica_json)
+        fetches = [*program.gradients, *program.fetches]
+        shipped = {"seed": program.seed, "optimized": True}  # the client pruned and optimized both graphs
+        self.replica = compile_plan(replica, fetches, program.feeds, device, state=self.replica_state, **shipped)
+        update = Graph.from_json(program.update_json)
+        trains = [program.train]
+        self.update = compile_plan(update, trains, program.gradient_ops, device, state=self.update_state, **shipped)
+        self.update_order = [program.gradient_ops.index(n) for n in self.update.feed_names]
 
     def variables(self, state: dict, names) -> dict:
-        """``state``'s variables ``names``; on a GPU worker copied to the device where they are
-        host arrays (the state a sync or restart scattered), and the GPU made current in this
-        thread (CuPy's current device is per thread)."""
-        variables = state["variables"]
-        gpu = self.gpu
-        if gpu is None or gpu.emulated:
-            return {n: variables[n] for n in names}
-        gpu.cupy.cuda.Device(gpu.index).use()
-        return {n: variables[n] if gpu.is_device_array(variables[n]) else gpu.to_device(variables[n]) for n in names}
+        """``state``'s variables ``names`` on this device (a sync or restart scatters host arrays)."""
+        variables, put = state["variables"], self.device.put
+        return {n: put(variables[n]) for n in names}
 
 
-_GPUS: dict[tuple, Any] = {}
+#: The compiled plans of the programs this process has run, by digest.
+PLANS = PlanCache(maxsize=16)
 
 
-def worker_gpu(device: str, options: tuple):
-    """This worker process's GPU for ``options`` (opened once), or None for ``"cpu"``."""
-    if device == "cpu":
-        return None
-    found = _GPUS.get(options)
-    if found is None:
-        from workbench.gpu import GPU  # CuPy is imported only by GPU workers
-
-        found = _GPUS[options] = GPU("gpu", **dict(options))
-    return found
-
-
-_COMPILED: dict[str, _Compiled] = {}
-
-
-def compiled(program: TrainingProgram) -> _Compiled:
-    found = _COMPILED.get(program.digest)
-    if found is None:
-        if len(_COMPILED) > 16:  # programs of finished runs
-            _COMPILED.clear()
-        found = _COMPILED[program.digest] = _Compiled(program)
-    return found
+def compiled(program: TrainingProgram) -> WorkerPlans:
+    """The plans of ``program`` in this process (compiled the first time)."""
+    return PLANS.get(program.digest, lambda: WorkerPlans(program))
 
 
 def _worker_address() -> str:
@@ -252,23 +252,19 @@ def replica_gradients(
     source per placeholder of ``program.feeds``, in order.
     """
     started = time.perf_counter()
-    plan = compiled(program)
-    plan.replica_state.clear()
-    plan.replica_state.update(plan.variables(state, program.replica_variables))
+    plans = compiled(program)
+    device = plans.device
+    plans.replica_state.clear()
+    plans.replica_state.update(plans.variables(state, program.replica_variables))
     if program.loss_scale:  # scale the shard's mean loss by its share, so float16 overflows where the whole batch's does
-        plan.replica_state[program.loss_scale] = _scale(plan.replica_state[program.loss_scale], weight)
-    rows = [take_rows(source, index) for source in data]
-    if plan.gpu is not None:  # the shard goes to the device once, through pinned memory
-        rows = [plan.gpu.to_device(r) for r in rows]
-    plan.replica.run_count = state["step"]  # random ops (dropout) draw per step
-    plan.replica.row_offset = offset  # and per row of the global batch, however it is split
-    values = plan.replica.run(rows)
+        plans.replica_state[program.loss_scale] = _scale(plans.replica_state[program.loss_scale], weight)
+    rows = {name: device.put(take_rows(source, index)) for name, source in zip(program.feeds, data)}  # up once
+    # random ops (dropout) draw per step, and per row of the global batch, however it is split
+    feeds = [rows[name] for name in plans.replica.feed_names]
+    values = device.run(plans.replica, feeds, step=state["step"], row_offset=offset)
     n = len(program.gradients)
     grads = [_scale(g, weight) for g in values[:n]]
-    if plan.gpu is None:
-        fetches = [np.asarray(v) * weight for v in values[n:]]
-    else:  # stay on the device until step_metrics
-        fetches = [v * weight for v in values[n:]]
+    fetches = [device.xp.asarray(v) * weight for v in values[n:]]  # on the device until step_metrics
     return {
         "grads": grads,
         "fetches": fetches,
@@ -298,13 +294,13 @@ def reduce_pair(a: dict, b: dict) -> dict:
 def apply_update(program: TrainingProgram, state: dict, reduced: dict) -> dict:
     """The optimizer step: the new values of every variable (slots included)."""
     started = time.perf_counter()
-    plan = compiled(program)
-    plan.update_state.clear()
-    plan.update_state.update(plan.variables(state, state["variables"]))
+    plans = compiled(program)
+    plans.update_state.clear()
+    plans.update_state.update(plans.variables(state, state["variables"]))
     grads = reduced["grads"]
-    plan.update.run([grads[i] for i in plan.update_order])
+    plans.device.run(plans.update, [grads[i] for i in plans.update_order])
     return {
-        "variables": dict(plan.update_state),
+        "variables": dict(plans.update_state),
         "step": state["step"] + 1,
         "update_seconds": time.perf_counter() - started,
         "update_worker": _worker_address(),

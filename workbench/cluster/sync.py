@@ -24,7 +24,7 @@ the sync is done.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from workbench.errors import ClusterError
 
@@ -66,12 +66,24 @@ class Coordinator:
     window : steps in flight at most.
     sync_every : bring variables home every this many steps.
     max_restarts : failures tolerated before giving up with ClusterError.
+    sync_at : callable, optional
+        Further steps to bring home (``sync_at(step)`` true): where the training loop
+        writes checkpoints.
     """
 
-    def __init__(self, start: int, steps: int, window: int = 4, sync_every: int = 10, max_restarts: int = 5):
+    def __init__(
+        self,
+        start: int,
+        steps: int,
+        window: int = 4,
+        sync_every: int = 10,
+        max_restarts: int = 5,
+        sync_at: Callable[[int], bool] | None = None,
+    ):
         if window < 1 or sync_every < 1:
             raise ValueError("window and sync_every must be positive")
         self.steps, self.window, self.sync_every, self.max_restarts = steps, window, sync_every, max_restarts
+        self.sync_at = sync_at
         self.host_step = start  # the last step whose variables are on the host
         self.done = start  # the last step finished (in this attempt)
         self.recorded = start  # the last step reported
@@ -88,9 +100,15 @@ class Coordinator:
             return [Finish()]
         return self._fill()
 
+    def is_sync_point(self, step: int) -> bool:
+        """Whether ``step``'s variables come home."""
+        return step % self.sync_every == 0 or step == self.steps or (self.sync_at is not None and self.sync_at(step))
+
     def _fill(self) -> list:
         out = []
-        boundary = (self.host_step // self.sync_every + 1) * self.sync_every  # the next sync point
+        boundary = self.host_step + 1  # the next sync point
+        while boundary < self.steps and not self.is_sync_point(boundary):
+            boundary += 1
         while self.submitted < min(self.steps, boundary) and self.submitted - self.done < self.window:
             self.submitted += 1
             out.append(Submit(self.submitted))
@@ -104,7 +122,7 @@ class Coordinator:
         if step > self.recorded:  # a redone step is reported once
             self.recorded = step
             out.append(Record(step, metrics))
-        if step % self.sync_every == 0 or step == self.steps:
+        if self.is_sync_point(step):
             out.append(Sync(step))
         else:
             out.extend(self._fill())

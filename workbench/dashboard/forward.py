@@ -12,12 +12,13 @@ dashboard page and ``/metrics``. Local fits are not forwarded (no scheduler).
 >>> now = [0.0]
 >>> forwarder = Forwarder(send=lambda client, msg: sent.append(msg), find_client=lambda address: "client",
 ...                       clock=lambda: now[0])
->>> forwarder({"kind": "fit_started", "session": 1, "graph": "mlp", "scheduler": "tcp://s:8786", "steps": 3,
-...            "batch_size": 64, "fetches": ["loss"]})
+>>> from workbench.events import FitFinished, FitStarted, Step
+>>> forwarder(FitStarted(session="s1", graph_name="mlp", scheduler="tcp://s:8786", steps=3, batch_size=64,
+...                      fetches=("loss",)))
 >>> for step in (1, 2, 3):
 ...     now[0] += 0.1
-...     forwarder({"kind": "step", "session": 1, "step": step, "time": 0.1, "samples_per_s": 640.0, "loss": 1.0 / step})
->>> forwarder({"kind": "fit_finished", "session": 1, "steps": 3})
+...     forwarder(Step(session="s1", step=step, time=0.1, samples_per_s=640.0, fetches={"loss": 1.0 / step}))
+>>> forwarder(FitFinished(session="s1", steps=3))
 >>> [(m["status"], m.get("step")) for m in sent]
 [('started', 0), ('running', 3), ('done', 3)]
 >>> sent[1]["points"], round(sent[1]["steps_per_s"], 3)
@@ -30,29 +31,38 @@ import math
 import time
 from typing import Any, Callable
 
-from workbench.events import ROOT, EventStream
+from workbench.events import ROOT, EventStream, FitFinished, FitStarted, Step
 
 TOPIC = "workbench-training"  # the scheduler event topic of the summaries
 
 
-def training_update(event: dict) -> dict[str, Any] | None:
+def training_update(event) -> dict[str, Any] | None:
     """What a training event says, for the monitor: None for other events.
 
     ``status`` is ``"started"`` (with ``graph``, ``scheduler``, ``steps``, ``batch_size``
     and the fetch ``labels``), ``"running"`` (a step: ``step`` and each fetched ``values``)
     or ``"done"``; every update has the ``session`` it comes from.
     """
-    kind, session = event.get("kind"), event.get("session")
-    if kind == "fit_started":
-        return {"status": "started", "session": session, "graph": event.get("graph"), "scheduler": event.get("scheduler"),
-                "steps": int(event.get("steps") or 0), "batch_size": int(event.get("batch_size") or 0),
-                "labels": list(event.get("fetches") or [])}  # fmt: skip
-    if kind == "step":
-        values = {k: float(v) for k, v in event.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        return {"status": "running", "session": session, "step": int(event.get("step", 0)), "values": values}
-    if kind == "fit_finished":
-        return {"status": "done", "session": session}
+    if isinstance(event, FitStarted):
+        return {"status": "started", "session": event.session, "graph": event.graph_name, "scheduler": event.scheduler,
+                "steps": int(event.steps or 0), "batch_size": int(event.batch_size or 0),
+                "labels": list(event.fetches or [])}  # fmt: skip
+    if isinstance(event, Step):
+        numbers = {"time": event.time, "samples_per_s": event.samples_per_s, **event.fetches}
+        values = {k: float(v) for k, v in numbers.items() if _is_number(v)}
+        return {"status": "running", "session": event.session, "step": int(event.step), "values": values}
+    if isinstance(event, FitFinished):
+        return {"status": "done", "session": event.session}
     return None
+
+
+def _is_number(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        return isinstance(value, (int, float)) or getattr(value, "ndim", None) == 0 and float(value) is not None
+    except (TypeError, ValueError):
+        return False
 
 
 class _Fit:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench.errors import DeviceError, FeedError
+from workbench.errors import DeviceError
 from workbench.graph.core import Graph
 from workbench.graph.step_fusion import fuse_step
 from workbench.gpu.codegen import supports_op
 from workbench.gpu.graphs import CudaCapture, PlanGraphs
 from workbench.gpu import conv_kernels, train_kernels
 from workbench.gpu.kernels import FusedKernels
-from workbench.ops import fused
-from workbench.ops.registry import cast_exactly
 
 POOLS = ("default", "managed", "async", "none")
 RESULTS = ("numpy", "device")
@@ -106,8 +104,12 @@ def parse_device(device: str) -> int:
     return int(index or 0)
 
 
+_DEFAULTS = {"memory_pool": "default", "memory_limit": None, "results": "numpy", "fuse": True, "cuda_graphs": False,
+             "emulate": False}  # fmt: skip
+
+
 class GPU:
-    """One CUDA device as a session uses it.
+    """One CUDA device as a session uses it: a :class:`workbench.graph.device.Device`.
 
     Parameters
     ----------
@@ -146,11 +148,16 @@ class GPU:
         self.index = parse_device(device)
         if results not in RESULTS:
             raise DeviceError(f"results must be one of {', '.join(RESULTS)}, got {results!r}")
+        self.name, self.kind = f"gpu:{self.index}", "gpu"
+        given = {"memory_pool": memory_pool, "memory_limit": memory_limit, "results": results, "fuse": fuse,
+                 "cuda_graphs": cuda_graphs, "emulate": emulate}  # fmt: skip
+        self.options = {k: v for k, v in given.items() if v != _DEFAULTS[k]}  # those that differ from the defaults
         self.results, self.fuse, self.emulated = results, bool(fuse), bool(emulate)
         self.cuda_graphs = bool(cuda_graphs)
         self._staging: dict[tuple, list] = {}
         self._graphs: dict[int, PlanGraphs] = {}  # id(plan) -> its captured runs
         self.capture = None  # what captures and launches graphs (a CudaCapture on a GPU)
+        self.fused_compilers: tuple = ()  # this device's compilers of fused programs (none when emulated)
         if self.emulated:
             self.cupy, self.xp, self.pool = None, np, None
             return
@@ -160,7 +167,7 @@ class GPU:
         self.cupy.cuda.Device(self.index).use()
         self.pool = configure_pool(self.cupy, memory_pool, memory_limit)
         self.kernels = _shared_kernels(self.cupy)
-        fused.register_compiler(self.kernels)
+        self.fused_compilers = (self.kernels,)
         if self.cuda_graphs:
             self.capture = CudaCapture(self.cupy, self.xp)  # with capturable cuBLAS for matmuls
 
@@ -174,15 +181,19 @@ class GPU:
             return graph
         return fuse_step(graph, keep=fetches, supported=supports_op)
 
-    def run_plan(self, plan, feed_values: list, check_numerics: bool = False, emit=None) -> list:
-        """``plan.run(feed_values)``, replayed as a CUDA graph when ``cuda_graphs`` allows;
+    def run(self, plan, feeds: list, *, check_numerics: bool = False, step=None, row_offset: int = 0, emit=None) -> list:
+        """``plan.run(feeds, ...)``, replayed as a CUDA graph when ``cuda_graphs`` allows;
         ``emit(kind, **fields)`` hears why a plan is or is not captured."""
         if self.capture is None or not self.cuda_graphs:
-            return plan.run(feed_values, check_numerics=check_numerics)
+            return plan.run(feeds, check_numerics=check_numerics, step=step, row_offset=row_offset)
         graphs = self._graphs.get(id(plan))
         if graphs is None or graphs.plan is not plan:
             graphs = self._graphs[id(plan)] = PlanGraphs(plan, self.capture, emit)
-        return graphs.run(feed_values, check_numerics)
+        return graphs.run(feeds, check_numerics, step=step, row_offset=row_offset)
+
+    def plan_graphs(self) -> list[PlanGraphs]:
+        """The captured runs of each plan run with ``cuda_graphs`` so far."""
+        return list(self._graphs.values())
 
     @property
     def graph_replays(self) -> int:
@@ -193,14 +204,11 @@ class GPU:
     def is_device_array(self, value) -> bool:
         return self.cupy is not None and isinstance(value, self.cupy.ndarray)
 
-    def feed(self, ph, value, check):
-        """A feed on the device; ``check(ph, host_array)`` is the session's host-side check."""
-        if self.is_device_array(value):
-            # check shape and dtype on a zero-stride host stand-in, then cast on the device if needed
-            stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape, (0,) * value.ndim)
-            checked = check(ph, stand_in)
-            return value if checked.dtype == value.dtype else cast_exactly(value, checked.dtype.name, f"placeholder {ph.name!r}")
-        return self.to_device(check(ph, value))
+    holds = is_device_array
+
+    def put(self, array):
+        """A checked host array on the device (device arrays pass through)."""
+        return array if self.is_device_array(array) else self.to_device(array)
 
     def to_device(self, array: np.ndarray):
         """Copy a host array to the device through a reused pinned buffer (asynchronous)."""

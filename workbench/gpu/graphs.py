@@ -97,10 +97,14 @@ class PlanGraphs:
         self.replays = 0
         self.captures = 0
 
-    def run(self, feeds: list, check_numerics: bool = False) -> list:
-        """What ``plan.run(feeds)`` returns: by replay when possible."""
+    def run(self, feeds: list, check_numerics: bool = False, step=None, row_offset: int = 0) -> list:
+        """What ``plan.run(feeds, ...)`` returns: by replay when possible.
+
+        ``step`` and ``row_offset`` only key random draws, and plans with random
+        ops never capture: they reach the plain runs only.
+        """
         if self.obstacle is not None or check_numerics:
-            return self.plan.run(feeds, check_numerics=check_numerics)
+            return self.plan.run(feeds, check_numerics=check_numerics, step=step, row_offset=row_offset)
         key = signature(feeds)
         captured = self.graphs.get(key)
         if captured is not None:
@@ -112,7 +116,7 @@ class PlanGraphs:
         elif key in self.ready:
             return self._capture(key, feeds)
         before = self._variables()
-        values = self.warm(lambda: self.plan.run(feeds))
+        values = self.warm(lambda: self.plan.run(feeds, step=step, row_offset=row_offset))
         if self._current(before):
             self.ready.add(key)
         else:
@@ -132,13 +136,13 @@ class PlanGraphs:
         for buffer, value in zip(captured.inputs, feeds):
             cap.copy_into(buffer, value)
         cap.launch(captured.graph)
-        self.plan.run_count += 1
+        self.plan.count_run()
         self.replays += 1
         return [None if v is None else cap.copy(v) for v in captured.outputs]
 
     def _capture(self, key: tuple, feeds: list) -> list:
-        plan, cap, state = self.plan, self.capture, self.plan.state
-        saved = (dict(state), dict(plan._fresh), plan.run_count)
+        plan, cap = self.plan, self.capture
+        saved = plan.snapshot()
         before = self._variables()
         inputs = [cap.empty_like(f) for f in feeds]
         for buffer, value in zip(inputs, feeds):
@@ -149,11 +153,7 @@ class PlanGraphs:
                 raise RuntimeError("a variable update did not write into the variable's array")
             cap.launch(graph)  # the capture ran nothing: this launch is this run
         except Exception as e:  # noqa: BLE001 - any failure: put the state back and run plainly
-            state.clear()
-            state.update(saved[0])
-            plan._fresh.clear()
-            plan._fresh.update(saved[1])
-            plan.run_count = saved[2]
+            plan.restore(saved)
             self.obstacle = f"capture failed: {type(e).__name__}: {e}"
             self.emit("graph_capture", status="skipped", reason=self.obstacle, steps=len(plan))
             return plan.run(feeds)

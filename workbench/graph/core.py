@@ -12,28 +12,21 @@ import linecache
 import os
 import sys
 import threading
-from typing import Any, Iterator, NamedTuple
+import uuid
+import types
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from workbench import ops
 from workbench.errors import DTypeError, GraphError, ShapeError
 from workbench.graph import precision
+from workbench.graph.records import Source, TrainingRecord
+from workbench.graph.serialize import graph_from_json, graph_to_json
 from workbench.ops import registry, rules
 from workbench.ops.registry import TensorSpec
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Source(NamedTuple):
-    """Where the user created an operation."""
-
-    filename: str
-    lineno: int
-    code: str
-
-    def __str__(self) -> str:
-        return f'File "{self.filename}", line {self.lineno}: {self.code}' if self.code else f'File "{self.filename}", line {self.lineno}'
 
 
 def user_source() -> Source | None:
@@ -181,10 +174,9 @@ class Graph:
         self._scopes: list[str] = []
         self._control: list[list[Operation]] = []
         self.version = 0  # grows with every change; sessions compile plans per version
-        # update-op name -> {"loss": name or None, "gradients": [[gradient name, variable name], ...]}
-        # (and "loss_scale": the variable of a dynamic loss scale): how an optimizer built its update,
-        # which distributed training splits the graph by
-        self.training: dict[str, dict] = {}
+        self.token = f"graph-{uuid.uuid4().hex[:12]}"  # identity in events (never reused, unlike id())
+        # update-op name -> how an optimizer built that update (distributed training splits by it)
+        self.training: dict[str, TrainingRecord] = {}
         self.replaced_by: str | None = None  # how a newer graph took this one's place (see replaced())
 
     def replaced(self, how: str) -> None:
@@ -246,13 +238,26 @@ class Graph:
         # alias names (left by passes) stay reserved so that lookups stay unambiguous
         return name in self._by_name or name in self._aliases
 
-    def _resolve(self, name: str) -> str:
+    def resolve(self, name: str) -> str:
         """The op name that ``name`` refers to: itself, or the target of an alias (chains followed)."""
         for _ in range(len(self._aliases) + 1):
             if name in self._by_name or name not in self._aliases:
                 return name
             name = self._aliases[name]
         return name
+
+    @property
+    def aliases(self) -> Mapping[str, str]:
+        """Names of ops that passes removed (merged, folded, fused) to the op that now stands
+        for each (read-only; see :meth:`set_aliases`)."""
+        return types.MappingProxyType(self._aliases)
+
+    def set_aliases(self, aliases: Mapping[str, str]) -> None:
+        """Replace the aliases (what a pass does for the graph it builds): chains are followed,
+        and only aliases that end at an op of this graph, and shadow none, are kept."""
+        self._aliases = dict(aliases)
+        resolved = {a: self.resolve(a) for a in aliases if a not in self._by_name}
+        self._aliases = {a: t for a, t in resolved.items() if t in self._by_name}
 
     def add_op(self, op_type: str, inputs, attrs: dict, name: str | None = None, control_inputs=(), source=None):
         """Add an operation after checking it with its op's shape rule; returns the Operation."""
@@ -289,7 +294,7 @@ class Graph:
         if not isinstance(name, str):
             raise GraphError(f"expected a name, got {name!r}")
         base, _, index = name.partition(":")
-        base = self._resolve(base)
+        base = self.resolve(base)
         op = self._by_name.get(base)
         if op is None:
             raise GraphError(f"graph {self.name!r} has no tensor or operation named {name!r}")
@@ -301,13 +306,13 @@ class Graph:
         return op.outputs[i]
 
     def operation(self, name: str) -> Operation:
-        op = self._by_name.get(self._resolve(name))
+        op = self._by_name.get(self.resolve(name))
         if op is None:
             raise GraphError(f"graph {self.name!r} has no operation named {name!r}")
         return op
 
     def __contains__(self, name: str) -> bool:
-        return self._resolve(name) in self._by_name
+        return self.resolve(name) in self._by_name
 
     @property
     def variables(self) -> list[Variable]:
@@ -330,16 +335,12 @@ class Graph:
     # -- files ----------------------------------------------------------------------
     def to_json(self, indent: int | None = None) -> str:
         """The graph as versioned JSON, initial values included (see :mod:`workbench.graph.serialize`)."""
-        from workbench.graph.serialize import graph_to_json
-
         return graph_to_json(self, indent=indent)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Graph:
         """Rebuild a graph from :meth:`to_json` output; never executes code from the file."""
-        from workbench.graph.serialize import graph_from_json
-
-        return graph_from_json(text)
+        return graph_from_json(text, cls)
 
 
 def _check_name(name: str) -> None:

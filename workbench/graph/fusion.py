@@ -167,7 +167,7 @@ def _rebuild(graph, groups, owner, programs, inlined) -> Graph:
             copy = new.add_op(op.type, inputs, op.attrs, name=op.name, control_inputs=control, source=op.source)
         copies[op] = copy
         tensors.update(zip(op.outputs, copy.outputs))
-    new._aliases = {a: t for a, t in graph._aliases.items() if t in new._by_name}
+    new.set_aliases(graph.aliases)
     return new
 
 
@@ -186,7 +186,7 @@ def _uses(graph: Graph) -> dict[Tensor, list[tuple[Operation, int]]]:
 def _resolve(graph: Graph, name: str) -> str:
     base = name.partition(":")[0]
     seen = set()
-    while base in graph._aliases and base not in seen:
+    while base in graph.aliases and base not in seen:
         seen.add(base)
-        base = graph._aliases[base]
+        base = graph.aliases[base]
     return base

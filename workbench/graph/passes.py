@@ -34,7 +34,7 @@ def rebuild(
     new = Graph(name=graph.name)
     tensors: dict = {}
     ops_: dict[Operation, Operation] = {}
-    aliases = {a: graph._resolve(a) for a in graph._aliases}
+    aliases = {a: graph.resolve(a) for a in graph.aliases}
     for op in graph.operations:
         if op in merged:
             kept = merged[op]
@@ -56,9 +56,7 @@ def rebuild(
         copy = new.add_op(kind, inputs, attrs, name=op.name, control_inputs=control, source=op.source)
         ops_[op] = copy
         tensors.update(zip(op.outputs, copy.outputs))
-    new._aliases = aliases
-    # no chains, and only names the new graph still has: each alias names a kept op
-    new._aliases = {a: new._resolve(a) for a in aliases if new._resolve(a) in new._by_name}
+    new.set_aliases(aliases)  # no chains, and only names the new graph still has: each alias names a kept op
     return new, tensors
 
 
@@ -86,7 +84,7 @@ def prune(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Grap
     supplied, as distributed training does with gradients) becomes a
     placeholder of the same name, shape and dtype: the graph is cut there.
     """
-    fed = {graph.get(name).op.name if ":" in name else graph._resolve(name) for name in fed}
+    fed = {graph.get(name).op.name if ":" in name else graph.resolve(name) for name in fed}
     targets = [_op_of(graph, name) for name in fetches]
     needed = needed_ops(graph, targets, fed)
 
@@ -202,8 +200,8 @@ def validate(graph: Graph) -> None:
         specs = (specs,) if isinstance(specs, registry.TensorSpec) else tuple(specs)
         if tuple(t.spec for t in op.outputs) != specs:
             raise GraphError(f"op {op.name!r} has outputs {[t.spec for t in op.outputs]}, its rule says {list(specs)}")
-    for alias, target in graph._aliases.items():
-        if target not in names and target not in graph._aliases:
+    for alias, target in graph.aliases.items():
+        if target not in names and target not in graph.aliases:
             raise GraphError(f"alias {alias!r} points to missing op {target!r}")
 
 

@@ -16,12 +16,26 @@ from __future__ import annotations
 
 import functools
 import zlib
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.rng import generator
+from workbench.ops.fused import FUSED
+
+
+@dataclass(frozen=True)
+class PlanSnapshot:
+    """What :meth:`Plan.restore` puts back: which array each variable is (not a copy of its
+    values), the arrays the plan's updates made (which later updates may write into) and
+    the run count. What a CUDA graph capture needs undone: capturing runs no kernel, but
+    may replace arrays."""
+
+    state: dict
+    fresh: dict
+    runs: int
 
 
 class Plan:
@@ -41,25 +55,41 @@ class Plan:
         Variable name to array; reads see the values at the start of a run and
         updates replace entries in order.
     seed : int
-        Seeds random ops, together with each op's seed and the run count.
+        Seeds random ops, together with each op's seed and the step (see :meth:`run`).
+    own_state : bool
+        Variable updates may write into the variables' arrays (see the module notes).
+    compilers : sequence of callables
+        The device's compilers of fused elementwise programs (:mod:`workbench.ops.fused`).
 
     Attributes
     ----------
-    run_count : int
-        Runs so far; keys random draws (the cluster sets it to the training step).
-    row_offset : int
-        Where the fed rows start in the global batch (0: they are the whole batch).
-        Random ops on batch-first inputs key their draws by global row, so a shard
-        draws what a run of the whole batch draws for its rows.
+    feed_names, fetch_names : tuple of str
+        The placeholders :meth:`run` takes values for, in order, and the fetches it returns.
+    runs : int
+        Runs so far (read-only).
+
+    Build plans with :func:`workbench.graph.compile.compile_plan`, which prunes,
+    optimizes and rewrites the graph for a device first.
     """
 
     def __init__(
-        self, graph: Graph, fetches: list[str], feeds: list[str], xp, state: dict, seed: int = 0, own_state: bool = False
+        self,
+        graph: Graph,
+        fetches: Sequence[str],
+        feeds: Sequence[str],
+        xp,
+        state: dict,
+        seed: int = 0,
+        own_state: bool = False,
+        compilers: Sequence[Callable] = (),
     ):
         self.graph, self.xp, self.state, self.seed = graph, xp, state, seed
         self.own_state = own_state
-        self.run_count = 0
-        self.row_offset = 0
+        self.feed_names, self.fetch_names = tuple(feeds), tuple(fetches)
+        self._compilers = tuple(compilers)
+        self._runs = 0
+        self._step = 0  # the run's context (see run), read by random ops
+        self._row_offset = 0
         slot_of: dict[Tensor, int] = {}
         self.template: list[Any] = []
         self.reads: list[tuple[int, str]] = []
@@ -105,6 +135,8 @@ class Plan:
 
     def _bind(self, op: Operation, guard: tuple[int, ...], donors: tuple[int, ...]) -> Callable:
         opdef, xp, attrs = op.opdef, self.xp, op.attrs
+        if op.type == FUSED and self._compilers:
+            attrs = {**attrs, "compilers": self._compilers}
         kernel = functools.partial(opdef.kernel, xp, **attrs) if attrs else functools.partial(opdef.kernel, xp)
         if opdef.random:
             op_seed = attrs.get("seed")
@@ -113,7 +145,7 @@ class Plan:
             batched = bool(shape) and shape[0] is None  # its first axis is the batch axis
 
             def random_step(*args):
-                rng = generator([self.seed, op_seed, self.run_count], batched, self.row_offset)
+                rng = generator([self.seed, op_seed, self._step], batched, self._row_offset)
                 return kernel(*args, rng=rng)
 
             return random_step
@@ -155,7 +187,7 @@ class Plan:
                 and _holds_result(current, args)
                 and not _shared(current, slots, guard)
                 and (plan._disjoint or not _viewed(current, state.values(), but=current))
-            ):  # fmt: skip
+            ):
                 return inplace(current, current, *args)
             # an array, not a NumPy scalar (what 0-d arithmetic gives), so later updates can write into it
             state[name] = value = fresh[name] = xp.asarray(kernel(current, *args))
@@ -214,8 +246,47 @@ class Plan:
     def variable_names(self) -> list[str]:
         return [name for _, name in self.reads]
 
-    def run(self, feed_values: list, check_numerics: bool = False) -> list:
-        """Run once with the (already checked) feed values; returns the fetched values."""
+    @property
+    def runs(self) -> int:
+        return self._runs
+
+    def snapshot(self) -> PlanSnapshot:
+        """The state a run changes (for a caller that must undo one, as CUDA graph capture does)."""
+        return PlanSnapshot(dict(self.state), dict(self._fresh), self._runs)
+
+    def restore(self, snapshot: PlanSnapshot) -> None:
+        """Put back what :meth:`snapshot` saved."""
+        self.state.clear()
+        self.state.update(snapshot.state)
+        self._fresh.clear()
+        self._fresh.update(snapshot.fresh)
+        self._runs = snapshot.runs
+
+    def count_run(self) -> None:
+        """Count a run done without :meth:`run` (a replayed capture of one)."""
+        self._runs += 1
+
+    def run(
+        self, feed_values: list, check_numerics: bool = False, *, step: int | None = None, row_offset: int = 0
+    ) -> list:
+        """Run once with the (already checked) feed values; returns the fetched values.
+
+        Parameters
+        ----------
+        feed_values : list
+            One value per name of :attr:`feed_names`, in order.
+        check_numerics : bool
+            Stop at the first op that makes a NaN or Inf (NumericsError names it).
+        step : int, optional
+            Keys random draws (dropout): a training step draws the same on any
+            machine. Default: the number of runs so far.
+        row_offset : int
+            Where the fed rows start in the global batch (0: they are the whole
+            batch). Random ops on batch-first inputs key their draws by global
+            row, so a shard draws what a run of the whole batch draws for its rows.
+        """
+        self._step = self._runs if step is None else step
+        self._row_offset = row_offset
         slots = self.template.copy()
         state = self.state
         for slot, name in self.reads:
@@ -242,7 +313,7 @@ class Plan:
                 raise
             except Exception as e:  # a kernel failed on these values: say which op, and where it was made
                 raise kernel_error(self.step_ops[i], e) from e
-        self.run_count += 1
+        self._runs += 1
         values = [None if s is None else slots[s] for s in self.fetch_slots]
         if self.own_state:  # never hand out a variable's array: later updates write into it
             held = list(state.values())

@@ -11,14 +11,17 @@ from __future__ import annotations
 import base64
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from workbench.errors import FormatError, WorkbenchError
-from workbench.graph.core import Graph, Source
+from workbench.graph.records import Source, TrainingRecord
 from workbench.ops.registry import DTYPES, REGISTRY
 from workbench.ops.state import INITIALIZERS
+
+if TYPE_CHECKING:  # the graph module imports this one: the class is handed in, not imported
+    from workbench.graph.core import Graph
 
 FORMAT = "workbench-graph"
 VERSION = 1
@@ -41,10 +44,10 @@ def graph_to_json(graph: Graph, indent: int | None = None) -> str:
             record["source"] = {"filename": op.source.filename, "lineno": op.source.lineno, "code": op.source.code}
         operations.append(record)
     doc = {"format": FORMAT, "version": VERSION, "name": graph.name, "operations": operations}
-    if graph._aliases:
-        doc["aliases"] = dict(graph._aliases)
+    if graph.aliases:
+        doc["aliases"] = dict(graph.aliases)
     if graph.training:
-        doc["training"] = graph.training
+        doc["training"] = {name: record.to_dict() for name, record in graph.training.items()}
     return json.dumps(doc, indent=indent)
 
 
@@ -59,7 +62,8 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def graph_from_json(text: str | bytes) -> Graph:
+def graph_from_json(text: str | bytes, graph_cls: type[Graph]) -> Graph:
+    """A new ``graph_cls`` built from ``text`` (see :meth:`Graph.from_json`)."""
     try:
         doc = json.loads(text)
     except (ValueError, TypeError, RecursionError) as e:
@@ -73,7 +77,7 @@ def graph_from_json(text: str | bytes) -> Graph:
     operations = doc.get("operations")
     if not isinstance(name, str) or not isinstance(operations, list):
         raise FormatError("graph file needs a string \"name\" and a list of \"operations\"")
-    graph = Graph(name=name)
+    graph = graph_cls(name=name)
     for i, record in enumerate(operations):
         try:
             _add(graph, record)
@@ -87,7 +91,7 @@ def graph_from_json(text: str | bytes) -> Graph:
         isinstance(k, str) and isinstance(v, str) and v in graph and k not in graph for k, v in aliases.items()
     ):  # an alias names a removed op and points to a kept one; it never shadows an op
         raise FormatError("graph file has invalid \"aliases\"")
-    graph._aliases = dict(aliases)
+    graph.set_aliases(aliases)
     graph.training = _training(doc.get("training", {}), graph)
     return graph
 
@@ -110,9 +114,7 @@ def _training(value, graph: Graph) -> dict:
         ok = ok and (scale is None or (isinstance(scale, str) and scale in graph))
         if not ok:
             raise FormatError(f"graph file has an invalid \"training\" record for {update!r}")
-        out[update] = {"loss": loss, "gradients": [list(p) for p in pairs]}
-        if scale is not None:
-            out[update]["loss_scale"] = scale
+        out[update] = TrainingRecord(update, tuple(tuple(p) for p in pairs), loss, scale or "")
     return out
 
 

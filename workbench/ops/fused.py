@@ -12,10 +12,10 @@ a tuple of steps ``(op_type, refs, attrs, dtype)``:
   (``attrs == (("value", number),)``, no refs), so scalars cost no kernel argument.
 
 The kernel here runs the steps one after another with each op's own kernel,
-which is right on every array namespace. A device may register a *compiler*
-(:func:`register_compiler`) that turns a program into one kernel for its
-arrays (the GPU layer generates a CUDA elementwise kernel); the ops layer knows
-nothing of devices.
+which is right on every array namespace. A device may bring *compilers* that
+turn a program into one kernel for its arrays (the GPU layer generates a CUDA
+elementwise kernel); a plan passes its device's compilers to the kernel as the
+``compilers`` keyword. The ops layer knows nothing of devices.
 
 Fusion runs on the graphs that plans execute, after differentiation, so the op
 declares no gradient.
@@ -23,24 +23,12 @@ declares no gradient.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from workbench.errors import ShapeError
 from workbench.ops.registry import REGISTRY, TensorSpec, defop
 
 FUSED = "fused_elementwise"
-
-#: Functions ``compiler(xp, program, arrays)`` returning a callable that computes the
-#: program on ``arrays`` in one go, or ``None`` when they cannot (another namespace,
-#: an unsupported dtype). Tried in order on every call; keep them cheap.
-COMPILERS: list[Callable] = []
-
-
-def register_compiler(compiler: Callable) -> None:
-    """Add a program compiler (once; registering the same function again does nothing)."""
-    if compiler not in COMPILERS:
-        COMPILERS.append(compiler)
-
 
 #: op type -> functions ``compiler(xp, arrays, attrs)`` returning a faster callable for these
 #: arrays, or None (another namespace, an unsupported dtype or layout); tried in order. Ops whose
@@ -110,8 +98,11 @@ def run_program(xp, program, arrays):
     return program_values(xp, program, arrays)[-1]
 
 
-def _fused_kernel(xp, *arrays, program):
-    for compiler in COMPILERS:
+def _fused_kernel(xp, *arrays, program, compilers: Sequence[Callable] = ()):
+    """``program`` on ``arrays``: by the first of ``compilers`` (functions
+    ``compiler(xp, program, arrays)`` returning a callable, or None when they
+    cannot: another namespace, an unsupported dtype) that can, else step by step."""
+    for compiler in compilers:
         compiled = compiler(xp, program, arrays)
         if compiled is not None:
             return compiled(*arrays)

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import anywidget
 
-from workbench.events import ROOT, EventStream
+from workbench.events import ROOT, Event, EventStream, as_event
 from workbench.widgets.throttle import Throttle
 
 STATIC = pathlib.Path(__file__).parent / "static"
@@ -111,7 +111,7 @@ class View(Snapshot, anywidget.AnyWidget):
         self._session = None
 
     def follow(self, stream: EventStream = ROOT, session=None):
-        """Update from ``stream``'s events (only those tagged with ``session``, when given)."""
+        """Update from ``stream``'s events (only those whose ``session`` token is ``session``, when given)."""
         self.stop()
         self._session = session
         self._unsubscribe = stream.subscribe(self._on_event)
@@ -128,15 +128,18 @@ class View(Snapshot, anywidget.AnyWidget):
         return self._unsubscribe is not None
 
     def feed(self, events) -> None:
-        """Apply events in order (e.g. a recorded run), then show the final state."""
+        """Apply events in order (e.g. a recorded run), then show the final state.
+
+        Events are :class:`workbench.events.Event` objects (or dicts with a ``"kind"``).
+        """
         for event in events:
-            self.handle(event)
+            self.handle(as_event(event))
         self.throttle.pending = True
         self.throttle.flush()
         self.refresh_snapshot()
 
-    def _on_event(self, event: dict) -> None:
-        if self._session is not None and event.get("session") != self._session:
+    def _on_event(self, event: Event) -> None:
+        if self._session is not None and event.session != self._session:
             return
         if self.handle(event):
             self.throttle.pending = True
@@ -151,7 +154,7 @@ class View(Snapshot, anywidget.AnyWidget):
     def ended(self) -> bool:
         return False
 
-    def handle(self, event: dict) -> bool:
+    def handle(self, event: Event) -> bool:
         raise NotImplementedError
 
     def _sync(self) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import traitlets
 
+from workbench.events import Event, NodeState, RunFailed, RunFinished, RunStarted
 from workbench.graph.core import Graph
 from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
@@ -31,7 +33,9 @@ class GraphView(View):
     folds or unfolds everything, zooms, fits the drawing to the width, and
     searches: a match inside folded scopes is revealed and highlighted. While a
     session runs the graph, nodes are colored by state: waiting, running, done
-    or error.
+    or error; a run belongs to this view
+    when its events carry this graph's token (:attr:`Graph.token`), whatever
+    other graphs with the same op names do.
 
     >>> import workbench as wb
     >>> g = wb.Graph(name="g")
@@ -59,7 +63,7 @@ class GraphView(View):
         super().__init__(**kwargs)
         self.graph = graph
         self.op_states: dict[str, str] = {}
-        self._runs: dict[Any, list[str]] = {}  # session -> ops of its run in progress
+        self._runs: dict[str, list[str]] = {}  # session token -> ops of its run in progress
         self.names = [op.name for op in graph.operations]
         self.collapsed = sorted(default_collapsed(graph, fold_over) if collapsed is None else collapsed)
         self._relayout()
@@ -105,24 +109,40 @@ class GraphView(View):
         self.highlight = name
         return name
 
-    def handle(self, event: dict) -> bool:
-        kind, session = event.get("kind"), event.get("session")
-        if kind == "run_started":
-            names = [n for n in event.get("ops", ()) if isinstance(n, str)]
-            if not names or not all(n in self.graph for n in names):
-                return False  # another graph's run
-            self._runs[session] = names
-            for name in names:
-                self.op_states[name] = "running"
-        elif kind == "run_finished" and session in self._runs:
-            for name in self._runs.pop(session):
-                self.op_states[name] = "done"
-            return True
-        elif kind == "run_failed" and session in self._runs:
-            self._fail(self._runs.pop(session), event.get("op"))
-            return True
-        elif kind == "node_state" and event.get("op") in self.graph:
-            self.op_states[event["op"]] = event.get("state", "done")
+    @functools.singledispatchmethod
+    def handle(self, event: Event) -> bool:
+        """Update node states from one event of a run of this view's graph."""
+        return False
+
+    @handle.register
+    def _started(self, event: RunStarted) -> bool:
+        if event.graph != self.graph.token:
+            return False  # another graph's run
+        names = [n for n in event.ops if n in self.graph]  # ops a pass made (fused, merged) are not drawn
+        self._runs[event.session] = names
+        for name in names:
+            self.op_states[name] = "running"
+        return False
+
+    @handle.register
+    def _finished(self, event: RunFinished) -> bool:
+        if event.graph != self.graph.token or event.session not in self._runs:
+            return False
+        for name in self._runs.pop(event.session):
+            self.op_states[name] = "done"
+        return True
+
+    @handle.register
+    def _failed(self, event: RunFailed) -> bool:
+        if event.graph != self.graph.token or event.session not in self._runs:
+            return False
+        self._fail(self._runs.pop(event.session), event.op)
+        return True
+
+    @handle.register
+    def _node(self, event: NodeState) -> bool:
+        if event.graph == self.graph.token and event.op in self.graph:
+            self.op_states[event.op] = event.state
         return False
 
     def _fail(self, names: list[str], failed) -> None:

@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import traitlets
 
 from workbench.widgets import snapshots
+from workbench.events import Event, ScalingFinished, ScalingPoint, ScalingStarted
 from workbench.widgets._base import View, front_end
+
+_COLUMNS = ("workers", "samples_per_s", "speedup", "efficiency")
+
+
+def _by_workers(row: dict) -> int:
+    return row["workers"]
 
 
 class ScalingView(View):
     """The rows of a scaling study as they arrive: samples/s and speedup per worker count
     (ideal: proportional to the count), and the efficiency of each count.
 
+    >>> from workbench.events import ScalingPoint, ScalingStarted
     >>> view = ScalingView()
-    >>> view.feed([{"kind": "scaling_started", "workers": [1, 2]},
-    ...            {"kind": "scaling_point", "workers": 1, "samples_per_s": 100.0, "speedup": 1.0, "efficiency": 1.0}])
+    >>> view.feed([ScalingStarted(workers=(1, 2)),
+    ...            ScalingPoint(workers=1, samples_per_s=100.0, speedup=1.0, efficiency=1.0)])
     >>> view.state["planned"], len(view.state["rows"]), view.state["status"]
     ([1, 2], 1, 'running')
     """
@@ -31,25 +40,29 @@ class ScalingView(View):
         self.status = "waiting"
         self._sync()
 
-    def handle(self, event: dict) -> bool:
-        kind = event.get("kind")
-        if kind == "scaling_started":
-            self.planned = [int(n) for n in event.get("workers", ())]
-            self.rows, self.status = [], "running"
-        elif kind == "scaling_point":
-            row = {k: event.get(k) for k in ("workers", "samples_per_s", "speedup", "efficiency")}
-            self.rows = [r for r in self.rows if r["workers"] != row["workers"]] + [row]
-            self.rows.sort(key=lambda r: r["workers"])
-            self.status = "running"
-            return True  # one point per measurement: always worth showing at once
-        elif kind == "scaling_finished":
-            rows = event.get("rows")
-            if rows:
-                self.rows = sorted(({k: r.get(k) for k in ("workers", "samples_per_s", "speedup", "efficiency")}
-                                    for r in rows), key=lambda r: r["workers"])  # fmt: skip
-            self.status = "done"
-            return True
+    @functools.singledispatchmethod
+    def handle(self, event: Event) -> bool:
         return False
+
+    @handle.register
+    def _started(self, event: ScalingStarted) -> bool:
+        self.planned = [int(n) for n in event.workers]
+        self.rows, self.status = [], "running"
+        return False
+
+    @handle.register
+    def _point(self, event: ScalingPoint) -> bool:
+        row = {k: getattr(event, k) for k in _COLUMNS}
+        self.rows = sorted([r for r in self.rows if r["workers"] != row["workers"]] + [row], key=_by_workers)
+        self.status = "running"
+        return True  # one point per measurement: always worth showing at once
+
+    @handle.register
+    def _finished(self, event: ScalingFinished) -> bool:
+        if event.rows:
+            self.rows = sorted(({k: r.get(k) for k in _COLUMNS} for r in event.rows), key=_by_workers)
+        self.status = "done"
+        return True
 
     @property
     def ended(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from typing import Any
@@ -9,11 +10,9 @@ from typing import Any
 import traitlets
 
 from workbench.widgets import snapshots
+from workbench.events import Event, FitFinished, FitStarted, Restarted, RunFailed, Step
 from workbench.widgets._base import View, front_end
 
-_RESERVED = {"kind", "session", "step", "time", "samples_per_s", "replicas", "workers", "dropped"}
-# Step fields that are timings or sizes, not metrics (cluster fits report these).
-_NOT_CURVES = _RESERVED | {"compute_seconds", "reduce_seconds", "update_seconds", "bytes_moved"}
 
 
 class Series:
@@ -43,7 +42,7 @@ class Series:
 
 
 class TrainingModel:
-    """The state of one training run, built from its events (``fit_started``, ``step``, ...).
+    """The state of one training run, built from its typed events (:class:`FitStarted`, :class:`Step`, ...).
 
     ``now`` is the time of the event being handled (from the view's clock), used
     for the elapsed time and the ETA.
@@ -59,7 +58,8 @@ class TrainingModel:
         self.started: float | None = None
         self.elapsed = 0.0
         self.samples_per_s = 0.0
-        self.series: dict[str, Series] = {}
+        self.series: dict[str, Series] = {}  # one curve per fetch label
+        self.throughput = Series(max_points)
         self.busy: dict[str, float] = {}
         self.step_time = 0.0
         self.replicas = None
@@ -68,49 +68,59 @@ class TrainingModel:
         self.start = 0
         self.error = ""
 
-    def handle(self, event: dict[str, Any], now: float) -> bool:
+    @functools.singledispatchmethod
+    def handle(self, event: Event, now: float) -> bool:
         """Update from one event; True when the run has ended."""
-        kind = event.get("kind")
-        if kind == "fit_started":
-            self.__init__(self.max_points)
-            self.status, self.started = "running", now
-            self.steps = int(event.get("steps") or 0)
-            self.batch_size = int(event.get("batch_size") or 0)
-            self.labels = list(event.get("fetches") or [])
-            self.start = self.step = int(event.get("start") or 0)  # resumed from a checkpoint
-        elif kind == "step":
-            self._step(event, now)
-        elif kind == "restarted":
-            self.restarts += 1
-        elif kind == "fit_finished":
-            self.status = "done"
-            self._tick(now)
-            return True
-        elif kind == "run_failed" and self.status == "running":
-            self.status, self.error = "failed", f"{event.get('op', '')}: {event.get('error', '')}"
-            self._tick(now)
-            return True
         return False
 
-    def _step(self, event: dict, now: float) -> None:
+    @handle.register
+    def _started(self, event: FitStarted, now: float) -> bool:
+        self.__init__(self.max_points)
+        self.status, self.started = "running", now
+        self.steps, self.batch_size = int(event.steps or 0), int(event.batch_size or 0)
+        self.labels = list(event.fetches or ())
+        self.start = self.step = int(event.start or 0)  # resumed from a checkpoint
+        return False
+
+    @handle.register
+    def _step(self, event: Step, now: float) -> bool:
         if self.started is None:
             self.status, self.started = "running", now
-        self.step = int(event.get("step", self.step + 1))
+        self.step = int(event.step)
         self._tick(now)
-        rate = event.get("samples_per_s")
-        if _finite(rate):
-            self.samples_per_s = float(rate)
-            self._series("samples/s").append(self.step, float(rate))
-        labels = self.labels or [k for k in event if k not in _NOT_CURVES]
-        for label in labels:
-            if _finite(event.get(label)):
-                self._series(label).append(self.step, float(event[label]))
-        if isinstance(event.get("workers"), dict):
-            self.step_time += float(event.get("time") or 0.0)
-            for worker, seconds in event["workers"].items():
+        if _finite(event.samples_per_s):
+            self.samples_per_s = float(event.samples_per_s)
+            self.throughput.append(self.step, self.samples_per_s)
+        for label, value in event.fetches.items():
+            if _finite(value):
+                self._series(label).append(self.step, float(value))
+        metrics = event.metrics
+        if isinstance(metrics.get("workers"), dict):
+            self.step_time += float(event.time or 0.0)
+            for worker, seconds in metrics["workers"].items():
                 self.busy[worker] = self.busy.get(worker, 0.0) + float(seconds)
-        self.replicas = event.get("replicas", self.replicas)
-        self.dropped += int(event.get("dropped") or 0)
+        self.replicas = metrics.get("replicas", self.replicas)
+        self.dropped += int(metrics.get("dropped") or 0)
+        return False
+
+    @handle.register
+    def _restarted(self, event: Restarted, now: float) -> bool:
+        self.restarts += 1
+        return False
+
+    @handle.register
+    def _finished(self, event: FitFinished, now: float) -> bool:
+        self.status = "done"
+        self._tick(now)
+        return True
+
+    @handle.register
+    def _failed(self, event: RunFailed, now: float) -> bool:
+        if self.status != "running":
+            return False
+        self.status, self.error = "failed", f"{event.op or ''}: {event.error}"
+        self._tick(now)
+        return True
 
     def _tick(self, now: float) -> None:
         if self.started is not None:
@@ -136,16 +146,26 @@ class TrainingModel:
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the front end draws, as JSON-able data."""
-        curves = {k: s.view() for k, s in self.series.items() if k != "samples/s"}
-        rates = [p[1] for p in self.series["samples/s"].view()] if "samples/s" in self.series else []
+        curves = {k: s.view() for k, s in self.series.items()}
+        rates = [p[1] for p in self.throughput.view()]
         return {
-            "status": self.status, "steps": self.steps, "step": self.step, "batch_size": self.batch_size,
-            "elapsed": self.elapsed, "eta": self.eta, "samples_per_s": self.samples_per_s,
+            "status": self.status,
+            "steps": self.steps,
+            "step": self.step,
+            "batch_size": self.batch_size,
+            "elapsed": self.elapsed,
+            "eta": self.eta,
+            "samples_per_s": self.samples_per_s,
             "median_samples_per_s": statistics.median(rates) if rates else 0.0,
-            "curves": curves, "throughput": self.series["samples/s"].view() if "samples/s" in self.series else [],
-            "workers": self.utilization(), "replicas": self.replicas, "dropped": self.dropped, "restarts": self.restarts, "start": self.start,
+            "curves": curves,
+            "throughput": self.throughput.view(),
+            "workers": self.utilization(),
+            "replicas": self.replicas,
+            "dropped": self.dropped,
+            "restarts": self.restarts,
+            "start": self.start,
             "error": self.error,
-        }  # fmt: skip
+        }
 
 
 def _finite(value) -> bool:
@@ -158,12 +178,12 @@ class TrainingView(View):
 
     Shown by ``Session.fit`` in a notebook; or by hand:
 
-    >>> import workbench as wb
+    >>> from workbench.events import FitFinished, FitStarted, Step
     >>> view = TrainingView()
-    >>> view.feed([{"kind": "fit_started", "steps": 2, "batch_size": 8, "fetches": ["loss"]},
-    ...            {"kind": "step", "step": 1, "time": 0.1, "samples_per_s": 80.0, "loss": 2.0},
-    ...            {"kind": "step", "step": 2, "time": 0.1, "samples_per_s": 80.0, "loss": 1.5},
-    ...            {"kind": "fit_finished", "steps": 2}])
+    >>> view.feed([FitStarted(steps=2, batch_size=8, fetches=("loss",)),
+    ...            Step(step=1, time=0.1, samples_per_s=80.0, fetches={"loss": 2.0}),
+    ...            Step(step=2, time=0.1, samples_per_s=80.0, fetches={"loss": 1.5}),
+    ...            FitFinished(steps=2)])
     >>> view.state["step"], view.state["status"], view.state["curves"]["loss"]
     (2, 'done', [[1, 2.0], [2, 1.5]])
     """
@@ -181,7 +201,7 @@ class TrainingView(View):
         self.model = TrainingModel(max_points)
         self.state = self.model.snapshot()
 
-    def handle(self, event: dict) -> bool:
+    def handle(self, event: Event) -> bool:
         return self.model.handle(event, self.clock())
 
     @property

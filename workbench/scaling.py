@@ -2,7 +2,8 @@
 
 This is the figure distributed TensorFlow was announced with (throughput,
 speedup and efficiency against the number of workers), measured on the user's
-cluster with the user's graph.
+cluster with the user's graph. A study is a client of sessions: it sits above
+:mod:`workbench.session`, and its events carry the study's own token.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from workbench.errors import ClusterError
-from workbench.events import ROOT
+from workbench.events import ROOT, ScalingFinished, ScalingPoint, ScalingStarted, new_token
+from workbench.session import Session
 
 
 @dataclass
@@ -67,7 +69,6 @@ def scaling_study(
         ``max(workers)`` workers.
     """
     from workbench.cluster.connect import close, connect, default_client
-    from workbench.session import Session
 
     counts = sorted({int(k) for k in workers})
     if not counts or counts[0] < 1:
@@ -79,27 +80,40 @@ def scaling_study(
         if max(counts) > len(available):
             raise ClusterError(f"the cluster has {len(available)} workers; the study asks for {max(counts)}")
         study = ScalingStudy(batch_size=batch_size, steps=steps)
-        ROOT.emit("scaling_started", workers=counts, batch_size=batch_size, steps=steps, graph=graph.name)
+        ids = {"session": new_token("study"), "graph": graph.token}
+        ROOT.emit(ScalingStarted(**ids, workers=tuple(counts), batch_size=batch_size, steps=steps))
         for k in counts:
             sess = Session(graph, seed=seed, cluster=client)
+            total = warmup + steps
             history = sess.fit(
-                train, data, batch_size=batch_size, steps=warmup + steps, replicas=k,
-                workers=available[:k], fetches=fetches, sync_every=max(warmup + steps, 1),
-            )  # fmt: skip
-            measured = history.records[warmup:] or history.records
-            seconds = sum(r["time"] for r in measured)
-            row = {
-                "workers": k,
-                "samples_per_s": len(measured) * batch_size / seconds,
-                "step_seconds": seconds / len(measured),
-            }
-            base = study.rows[0] if study.rows else row
-            row["speedup"] = row["samples_per_s"] / base["samples_per_s"] * base["workers"]
-            row["efficiency"] = row["speedup"] / k
+                train,
+                data,
+                batch_size=batch_size,
+                steps=total,
+                replicas=k,
+                workers=available[:k],
+                fetches=fetches,
+                sync_every=max(total, 1),
+            )
+            row = _row(k, history.records[warmup:] or history.records, batch_size, study.rows)
             study.rows.append(row)
-            ROOT.emit("scaling_point", **row)
-        ROOT.emit("scaling_finished", rows=list(study.rows))
+            ROOT.emit(ScalingPoint(**ids, **row))
+        ROOT.emit(ScalingFinished(**ids, rows=tuple(study.rows)))
         return study
     finally:
         if owned:
             close(client)
+
+
+def _row(workers: int, measured: list[dict], batch_size: int, rows: list[dict]) -> dict:
+    """One worker count's row; speedup against the first row (scaled to its count)."""
+    seconds = sum(r["time"] for r in measured)
+    row = {
+        "workers": workers,
+        "samples_per_s": len(measured) * batch_size / seconds,
+        "step_seconds": seconds / len(measured),
+    }
+    base = rows[0] if rows else row
+    row["speedup"] = row["samples_per_s"] / base["samples_per_s"] * base["workers"]
+    row["efficiency"] = row["speedup"] / workers
+    return row

@@ -1,0 +1,100 @@
+"""The training loop and the step-engine seam, without a cluster: a stub engine stands in for one."""
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench import checkpoint
+from workbench.events import FitFinished, FitStarted, Step
+from workbench.fitloop import FitLoop, FitRequest, LocalSteps, StepEngine, StepOutcome
+
+
+def linear():
+    g = wb.Graph(name="lin")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2))
+        w = wb.variable("w", shape=(2,), init="zeros")
+        loss = wb.mean((wb.sum(x * w, axis=1) - 1.0) ** 2, name="loss")
+        train = wb.optimizers.SGD(0.1).minimize(loss)
+    return g, train, loss
+
+
+class CountingEngine:
+    """A stand-in cluster engine: ``w`` gains 1 a step; host copies only where asked."""
+
+    strategy, replicas, workers, restarts = "counting", 2, 2, 0
+
+    def __init__(self):
+        self.calls, self.synced = [], []
+
+    def start(self, variables, step):
+        self.calls.append(("start", step))
+        self.w, self.host = np.array(variables["w"]), (dict(variables), step)
+
+    def run(self, first, last, sync_at):
+        for step in range(first, last + 1):
+            self.w = self.w + 1.0
+            if sync_at(step):
+                self.host = ({"w": self.w.copy()}, step)
+                self.synced.append(step)
+            yield StepOutcome(step, {"time": float(step), "workers": -1.0}, {"workers": {"tcp://a": 0.5}, "replicas": 2})
+
+    def variables(self):
+        return self.host if self.host[1] else ({"w": self.w.copy()}, 0)
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+def request(g, train, steps=6):
+    return FitRequest(g, train.name, {"x": np.ones((8, 2), "float32")}, 4, steps, {"time": "loss", "workers": "loss"},
+                      (0, 1), 0, wb.Session(g).device)  # fmt: skip
+
+
+def test_the_loop_records_emits_and_checkpoints_at_its_cadence(tmp_path):
+    g, train, loss = linear()
+    sess = wb.Session(g)
+    events = []
+    sess.events.subscribe(events.append)
+    engine = CountingEngine()
+    assert isinstance(engine, StepEngine) and isinstance(LocalSteps(sess, request(g, train)), StepEngine)
+    loop = FitLoop(request(g, train), sess.events, checkpoint_dir=tmp_path, checkpoint_every=4)
+    history, final = loop.run(engine, sess.variables)
+    assert engine.synced == [4, 6] and engine.calls == [("start", 0), ("close",)]
+    assert [r["step"] for r in history.records] == [1, 2, 3, 4, 5, 6]
+    assert history.records[2]["workers"] == {"tcp://a": 0.5}  # a record flattens fetches, then the engine's metrics
+    steps = [e for e in events if isinstance(e, Step)]
+    assert steps[2].fetches == {"time": 3.0, "workers": -1.0}  # a fetch may be called anything
+    assert steps[2].metrics["workers"] == {"tcp://a": 0.5} and steps[2].session == sess.token
+    started, finished = events[0], events[-1]
+    assert isinstance(started, FitStarted) and started.strategy == "counting" and started.replicas == 2
+    assert isinstance(finished, FitFinished) and finished.graph == g.token
+    variables, step = checkpoint.latest(tmp_path)
+    assert step == 6 and variables["w"].tolist() == [6.0, 6.0] and final["w"].tolist() == [6.0, 6.0]
+    again = CountingEngine()  # a new fit resumes from the checkpoint of step 6: nothing left to do
+    loop = FitLoop(request(g, train, steps=8), sess.events, checkpoint_dir=tmp_path, checkpoint_every=4)
+    history, final = loop.run(again, sess.variables)
+    assert again.calls[0] == ("start", 6) and [r["step"] for r in history.records] == [7, 8]
+    assert final["w"].tolist() == [8.0, 8.0]
+
+
+def test_a_loop_refuses_an_engine_that_does_not_bring_a_checkpoint_step_home(tmp_path):
+    g, train, loss = linear()
+
+    class Forgetful(CountingEngine):
+        def variables(self):
+            return {"w": self.w}, 0
+
+    loop = FitLoop(request(g, train), wb.Session(g).events, checkpoint_dir=tmp_path, checkpoint_every=2)
+    with pytest.raises(RuntimeError, match="holds step 0's variables, not step 2's"):
+        loop.run(Forgetful(), wb.Session(g).variables)
+
+
+def test_local_fit_accepts_only_the_local_strategy():
+    g, train, loss = linear()
+    sess = wb.Session(g, cluster=False)
+    data = {"x": np.ones((8, 2), "float32")}
+    hist = sess.fit(train, data, batch_size=4, steps=2, fetches={"loss": loss}, strategy="local")
+    assert len(hist) == 2
+    with pytest.raises(wb.ClusterError, match="strategy='parameter_server' needs a cluster"):
+        sess.fit(train, data, batch_size=4, steps=2, strategy="parameter_server")

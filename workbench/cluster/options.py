@@ -1,0 +1,53 @@
+"""The cluster-only options of ``Session.fit``, grouped: what every cluster step engine reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workbench.errors import ClusterError
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How a ``fit`` uses the cluster (see :meth:`workbench.Session.fit`).
+
+    Attributes
+    ----------
+    strategy : str
+        The step engine (a name in :data:`workbench.cluster.engines.STRATEGIES`).
+    replicas : int, optional
+        Data-parallel replicas (default: one per worker used).
+    window : int
+        Steps in flight at most.
+    sync_every : int
+        Steps between host copies of the variables (a lost worker costs at most that many).
+    workers : tuple of str, optional
+        The worker addresses to use (default: all).
+    backup_replicas : int
+        Extra shard computations per step; the first ``replicas`` to finish are applied.
+    step_timeout : float
+        Seconds to wait for one step before counting it lost.
+    """
+
+    strategy: str = "parameter_server"
+    replicas: int | None = None
+    window: int = 4
+    sync_every: int = 20
+    workers: tuple | None = None
+    backup_replicas: int = 0
+    step_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "backup_replicas", int(self.backup_replicas))
+        if self.backup_replicas < 0:
+            raise ClusterError(f"backup_replicas must be 0 or more, got {self.backup_replicas}")
+        if self.replicas is not None and self.replicas < 1:
+            raise ClusterError(f"replicas must be at least 1, got {self.replicas}")
+
+    def worker_count(self, client) -> int:
+        """How many workers the fit uses."""
+        return len(self.workers or client.scheduler_info().get("workers", {}))
+
+    def replicas_for(self, client) -> int:
+        """The replicas asked for, or one per worker used."""
+        return self.replicas or self.worker_count(client) or 1

@@ -1,0 +1,29 @@
+"""Opening a device by name: ``"cpu"``, ``"gpu"`` or ``"gpu:<index>"`` (see :mod:`workbench.graph.device`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.errors import DeviceError
+from workbench.graph.device import CPU, Device
+
+
+def open_device(device: str | Device = "cpu", **options: Any) -> Device:
+    """The device that ``device`` names, opened with ``options``; an opened Device passes through.
+
+    CuPy is imported only when a GPU is asked for.
+
+    >>> open_device("cpu")
+    <CPU>
+    """
+    if not isinstance(device, str):
+        if options:
+            raise DeviceError(f"options {sorted(options)} go with a device name, not an opened {device!r}")
+        return device
+    if device == "cpu":
+        return CPU(**options)
+    if device.startswith("gpu"):
+        from workbench.gpu import GPU  # CuPy is imported only when a GPU is asked for
+
+        return GPU(device, **options)
+    raise DeviceError(f"unknown device {device!r}; use 'cpu' or 'gpu'")

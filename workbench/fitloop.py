@@ -1,0 +1,267 @@
+"""The one training loop, and the step-engine seam it drives.
+
+``Session.fit`` checks its arguments, builds a :class:`FitRequest` (plain values:
+names, host arrays, the device) and hands a :class:`FitLoop` a **step engine**
+that the request's strategy makes:
+
+- :class:`LocalSteps` runs the session's compiled plan on its device, one batch
+  a step;
+- cluster engines (:mod:`workbench.cluster.engines`) run the steps on a Dask
+  cluster; ``"parameter_server"`` is the task-graph path of
+  :mod:`workbench.cluster.fit`.
+
+The loop owns what every engine shares: resuming from the newest checkpoint,
+the records of :class:`~workbench.training.History`, the typed events
+(:class:`~workbench.events.FitStarted`, :class:`~workbench.events.Step`,
+:class:`~workbench.events.FitFinished`), the callback and the checkpoint
+cadence. An engine takes variable values in (host NumPy dicts) and hands them
+back; it never reads or writes a session's private state.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+from workbench import checkpoint
+from workbench.events import EventStream, FitFinished, FitStarted, Step
+from workbench.training import History, batch_indices
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What an engine reports for one finished step.
+
+    Attributes
+    ----------
+    step : int
+        1-based step number.
+    fetches : mapping
+        The request's fetches by label, as host values (floats for scalars).
+    metrics : mapping
+        What the engine measured (cluster engines: ``replicas``, ``compute_seconds``,
+        ``reduce_seconds``, ``update_seconds``, ``workers``, ``bytes_moved``, ``dropped``).
+    seconds : float, optional
+        The step's own duration when the engine knows it; else the loop takes the
+        time since the previous outcome (steps in flight overlap on a cluster).
+    """
+
+    step: int
+    fetches: Mapping[str, Any] = field(default_factory=dict)
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    seconds: float | None = None
+
+
+@runtime_checkable
+class StepEngine(Protocol):
+    """Runs training steps; the :class:`FitLoop` drives it.
+
+    ``strategy`` names it in :class:`~workbench.events.FitStarted`; ``replicas`` and
+    ``workers`` (None locally) too; ``restarts`` counts recoveries from lost work.
+    """
+
+    strategy: str
+    replicas: int | None
+    workers: int | None
+    restarts: int
+
+    def start(self, variables: dict[str, np.ndarray], step: int) -> None:
+        """Take the variables' values (host arrays) as they are after ``step`` (0: none done)."""
+
+    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
+        """Run steps ``first..last``; yield one outcome per step, in order. When the outcome
+        of a step where ``sync_at(step)`` is yielded, :meth:`variables` holds that step."""
+
+    def variables(self) -> tuple[dict[str, np.ndarray], int]:
+        """The latest host copy of the variables, and the step it belongs to."""
+
+    def close(self) -> None:
+        """Release what :meth:`start` took (futures, scattered data)."""
+
+
+@dataclass(frozen=True)
+class FitRequest:
+    """One ``fit`` as plain values: what a strategy needs to make its engine.
+
+    Attributes
+    ----------
+    graph : Graph
+    train : str
+        The update operation.
+    data : dict
+        Placeholder name to all examples (NumPy arrays of the placeholder's dtype, or dask arrays).
+    batch_size, steps : int
+        The global batch and the last step.
+    fetches : dict
+        Label to tensor name.
+    batch_seed : tuple
+        Seeds the batch order (:func:`~workbench.training.batch_indices`).
+    seed : int
+        The session's seed (initializers, random ops).
+    device : Device
+        The session's device; cluster engines open one of its ``kind`` on each worker.
+    check_numerics : bool
+    """
+
+    graph: Any
+    train: str
+    data: dict
+    batch_size: int
+    steps: int
+    fetches: dict
+    batch_seed: tuple
+    seed: int
+    device: Any
+    check_numerics: bool = False
+
+
+class FitLoop:
+    """Records, events, callback, checkpoints and resume of one ``fit``, whatever the engine.
+
+    Parameters
+    ----------
+    request : FitRequest
+    events : EventStream
+        The session's stream (its tags name the session and graph).
+    callback : callable, optional
+        Called with each step's record.
+    checkpoint_dir : path, optional
+        Resume from the newest checkpoint there, and write one every
+        ``checkpoint_every`` steps and at the last step.
+    """
+
+    def __init__(
+        self,
+        request: FitRequest,
+        events: EventStream,
+        callback: Callable[[dict], Any] | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+    ):
+        self.request, self.events, self.callback = request, events, callback
+        self.checkpoint_dir = checkpoint_dir
+        self.every = checkpoint_every or request.steps
+        self.history = History()
+
+    def sync_at(self, step: int) -> bool:
+        """Whether the loop writes a checkpoint after ``step`` (so the engine brings it home)."""
+        return self.checkpoint_dir is not None and (step % self.every == 0 or step == self.request.steps)
+
+    def resume(self, variables: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+        """``variables`` updated from the newest checkpoint (if any), and its step (else 0)."""
+        resumed = checkpoint.latest(self.checkpoint_dir, checkpoint.specs(self.request.graph.variables))
+        if resumed is None:
+            return variables, 0
+        saved, step = resumed
+        return {**variables, **{k: v for k, v in saved.items() if k in variables}}, min(step, self.request.steps)
+
+    def run(self, engine: StepEngine, variables: dict[str, np.ndarray]) -> tuple[History, dict[str, np.ndarray]]:
+        """Train from ``variables`` (the session's, or a checkpoint's when resuming) to the last step.
+
+        Returns the history and the variables' final values.
+        """
+        req = self.request
+        variables, start = self.resume(variables)
+        engine.start(variables, start)
+        try:
+            self.events.emit(
+                FitStarted,
+                steps=req.steps,
+                batch_size=req.batch_size,
+                fetches=tuple(req.fetches),
+                start=start,
+                strategy=engine.strategy,
+                replicas=engine.replicas,
+                workers=engine.workers,
+                graph_name=req.graph.name,
+                scheduler=getattr(engine, "scheduler", None),
+            )
+            last = time.perf_counter()
+            for outcome in engine.run(start + 1, req.steps, self.sync_at):
+                now = time.perf_counter()
+                seconds = outcome.seconds if outcome.seconds is not None else now - last
+                last = now
+                self._record(outcome, seconds)
+                if self.sync_at(outcome.step):
+                    self._checkpoint(engine, outcome.step)
+            final, _ = engine.variables()
+        finally:
+            engine.close()
+        self.events.emit(FitFinished, steps=req.steps, restarts=engine.restarts)
+        return self.history, final
+
+    def _record(self, outcome: StepOutcome, seconds: float) -> None:
+        rate = self.request.batch_size / seconds if seconds > 0 else float("inf")
+        tags = self.events.tags
+        event = Step(
+            session=tags.get("session", ""),
+            graph=tags.get("graph", ""),
+            step=outcome.step,
+            time=seconds,
+            samples_per_s=rate,
+            fetches=dict(outcome.fetches),
+            metrics=dict(outcome.metrics),
+        )
+        record = event.record()
+        self.history.append(record)
+        self.events.emit(event)
+        if self.callback is not None:
+            self.callback(record)
+
+    def _checkpoint(self, engine: StepEngine, step: int) -> None:
+        variables, at = engine.variables()
+        if at != step:
+            raise RuntimeError(f"step engine {engine.strategy!r} holds step {at}'s variables, not step {step}'s")
+        checkpoint.save_step(self.checkpoint_dir, variables, step)
+
+
+class LocalSteps:
+    """The local step engine: the session's compiled plan on its device, one batch a step.
+
+    ``session`` is used through its public API only (``run`` with ``step``,
+    ``variables``, ``set_variables``).
+    """
+
+    strategy = "local"
+    replicas = None
+    workers = None
+    restarts = 0
+
+    def __init__(self, session, request: FitRequest):
+        self.session, self.request = session, request
+        self.train = request.graph.get(request.train)
+        self.step = 0
+
+    def start(self, variables: dict[str, np.ndarray], step: int) -> None:
+        self.session.set_variables(variables)
+        self.step = step
+
+    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
+        req, run = self.request, self.session.run
+        n = len(next(iter(req.data.values())))
+        labels, names = list(req.fetches), [self.train, *req.fetches.values()]
+        indices = batch_indices(n, req.batch_size, last, seed=req.batch_seed, start=first - 1)
+        for step, idx in enumerate(indices, start=first):
+            started = time.perf_counter()
+            batch = {name: a[idx] for name, a in req.data.items()}
+            values = run(names, batch, check_numerics=req.check_numerics, step=step - 1)
+            elapsed = time.perf_counter() - started
+            self.step = step
+            yield StepOutcome(step, dict(zip(labels, map(_scalar, values[1:]))), seconds=elapsed)
+
+    def variables(self) -> tuple[dict[str, np.ndarray], int]:
+        return self.session.variables, self.step
+
+    def close(self) -> None:
+        pass
+
+
+def _scalar(value):
+    if value is None:
+        return None
+    array = np.asarray(value)
+    return float(array) if array.ndim == 0 else array
