@@ -2,6 +2,9 @@
 
 import datetime
 import ipaddress
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
