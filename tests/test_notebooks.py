@@ -87,12 +87,12 @@ def execute(name: str, folder: Path):
 # What each notebook's saved pictures show, picture by picture in order (texts that one picture holds):
 # the final state of every view, drawn without a kernel.
 PICTURES = {
-    "quickstart.ipynb": [("graph mlp · 10 nodes",), ("graph mlp · 10 nodes",),
+    "quickstart.ipynb": [("graph mlp · 14 nodes",), ("graph mlp · 14 nodes",),
                          ("training · 300 steps · done", "step 300 / 300 (100%)")],
     "distributed.ipynb": [("graph mlp",), ("training · 30 steps · done",), ("Dask cluster tcp://", "new sessions run on"),
                           ("training · 30 steps · done", "2 replicas"), ("default cluster closed",)],
     "scaling.ipynb": [("graph wide",), ("scaling study · done · 2 of 2 worker counts", "efficiency")],
-    "playground.ipynb": [("epoch", "test accuracy"), ("graph playground",)],
+    "playground.ipynb": [("features", "layer 2", "epoch", "test loss"), ("graph playground",)],
 }  # fmt: skip
 
 
@@ -128,7 +128,7 @@ def test_notebook_runs_and_saves_pictures_of_its_views(name, kernel_env, tmp_pat
     assert_shows(svgs, PICTURES[name])
     if name == "playground.ipynb":
         assert "data:image/png;base64," in svgs[0]  # the decision boundary itself
-        assert "step 0 (epoch 0.0)" not in svgs[0]  # after the steps of later cells
+        assert "layer 2" in svgs[0]  # the network as later cells left it (two hidden layers), not as first shown
     # nbconvert --to html of the outputs without the widget state (as JupyterLab saves a notebook; nbclient saved
     # the state, which the preprocessor drops): the pictures, inline, nothing to fetch
     command = ["jupyter", "nbconvert", "--to", "html", "--ClearMetadataPreprocessor.enabled=True", str(tmp_path / name)]
