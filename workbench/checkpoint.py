@@ -113,7 +113,8 @@ def read(
             legacy = int(_read_member(archive, headers[MARK])) < FORMAT
             members = _variable_members(headers, legacy)
             if expected is not None:
-                check_members(path, {name: headers[member][1:] for name, member in members.items()}, expected, strict)
+                found = {name: headers[member][1:] for name, member in members.items()}
+                check_members(f"checkpoint {path!r}", found, expected, strict)
             return {name: _read_member(archive, headers[member]) for name, member in members.items()}, step
     except FormatError:
         raise
@@ -163,20 +164,21 @@ def _read_member(archive: zipfile.ZipFile, header: tuple) -> np.ndarray:
         return np.lib.format.read_array(member, allow_pickle=False)
 
 
-def check_members(path: str, found: dict, expected: dict, strict: bool = False) -> None:
+def check_members(where: str, found: dict, expected: dict, strict: bool = False, label: str = "checkpoint") -> None:
     """FormatError unless ``found`` (name to (shape, dtype)) fits the variables ``expected``;
-    with ``strict`` every expected variable must be there."""
+    with ``strict`` every expected variable must be there. ``where`` names the source of
+    the values in the messages (``"checkpoint 'path'"``), ``label`` starts the shape message."""
     unknown = sorted(set(found) - set(expected))
     if unknown:
-        raise FormatError(f"checkpoint {path!r} has variables this graph lacks: {', '.join(unknown)}")
+        raise FormatError(f"{where} has variables this graph lacks: {', '.join(unknown)}")
     missing = sorted(set(expected) - set(found))
     if strict and missing:
-        raise FormatError(f"checkpoint {path!r} lacks variables: {', '.join(missing)}")
+        raise FormatError(f"{where} lacks variables: {', '.join(missing)}")
     for name, (shape, dtype) in found.items():
         want_shape, want_dtype = expected[name]
         if tuple(shape) != tuple(want_shape) or dtype != want_dtype:
             raise FormatError(
-                f"checkpoint value of {name!r} is {dtype} {rules.fmt(shape)}, "
+                f"{label} value of {name!r} is {dtype} {rules.fmt(shape)}, "
                 f"the variable is {want_dtype} {rules.fmt(want_shape)}"
             )
 

@@ -407,21 +407,9 @@ class Session:
         self._set_checked(values, strict, "values", "the")
 
     def _set_checked(self, values: dict, strict: bool, where: str, label: str) -> None:
-        graph_vars = {v.name: v for v in self.graph.variables}
-        unknown = sorted(set(values) - set(graph_vars))
-        if unknown:
-            raise FormatError(f"{where} has variables this graph lacks: {', '.join(unknown)}")
-        missing = sorted(set(graph_vars) - set(values))
-        if strict and missing:
-            raise FormatError(f"{where} lacks variables: {', '.join(missing)}")
         arrays = {name: np.asarray(value) for name, value in values.items()}
-        for name, value in arrays.items():
-            v = graph_vars[name]
-            if value.shape != v.shape or value.dtype.name != v.dtype:
-                raise FormatError(
-                    f"{label} value of {name!r} is {value.dtype.name} {_fmt(value.shape)}, "
-                    f"the variable is {v.dtype} {_fmt(v.shape)}"
-                )
+        found = {name: (value.shape, value.dtype.name) for name, value in arrays.items()}
+        checkpoint.check_members(where, found, checkpoint.specs(self.graph.variables), strict, label)
         for name, value in arrays.items():
             self._state[name] = self.device.put(np.array(value))
 
