@@ -14,16 +14,6 @@ from workbench.errors import ClusterError
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module")
-def client3():
-    client = wb.cluster.connect("local", n_workers=3)
-    try:
-        client.wait_for_workers(3, timeout=60)
-        yield client
-    finally:
-        wb.cluster.close(client)
-
-
 def part(rank: int, n: int, dtype="float64") -> np.ndarray:
     rng = np.random.default_rng(rank)
     return (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 6, n)).astype(dtype)
