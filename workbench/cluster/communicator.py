@@ -20,7 +20,8 @@ so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``:
 Either way every element is summed once, by one rank, in an order fixed by the
 ranks alone, and copied to the others: every rank ends with the same bits, and the
 result never depends on timing. Waits are bounded: a rank that hears nothing from
-a peer within the timeout raises :class:`ClusterError` naming that peer.
+a peer within the timeout raises :class:`~workbench.errors.CollectiveError` (a
+``ClusterError``) naming that peer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Awaitable, Callable
 
 import numpy as np
 
-from workbench.errors import ClusterError
+from workbench.errors import ClusterError, CollectiveError
 
 RING_FROM = 9  # "auto" uses the ring from this many ranks on (direct needs R - 1 connections per rank)
 
@@ -87,8 +88,8 @@ def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def tree_sum(parts: list, out) -> None:
-    """``out[...] = (p0 + p1) + (p2 + p3) ...``, pairwise over ``parts`` in order.
+def tree_sum(parts: list, out=None):
+    """``(p0 + p1) + (p2 + p3) ...``, pairwise over ``parts`` in order; into ``out`` when given.
 
     ``parts`` may include ``out`` itself; intermediate sums go to fresh arrays, the last into ``out``.
     """
@@ -98,10 +99,13 @@ def tree_sum(parts: list, out) -> None:
         if len(level) % 2:
             nxt.append(level[-1])
         level = nxt
+    if out is None:
+        return level[0] + level[1] if len(level) == 2 else level[0]
     if len(level) == 2:
         np.add(level[0], level[1], out=out)
     elif level[0] is not out:
         np.copyto(out, level[0])
+    return out
 
 
 Send = Callable[[int, str, Any], Awaitable[None]]
@@ -127,7 +131,7 @@ class Handle:
             self._future.cancel()
             waiting = self.communicator.waiting_on.get(self.bucket)
             who = self.communicator.describe(waiting) if waiting is not None else "its peers"
-            raise ClusterError(
+            raise CollectiveError(
                 f"all-reduce of bucket {self.bucket!r} on rank {self.communicator.rank} timed out after "
                 f"{timeout:g} s waiting for {who}"
             ) from None
@@ -201,8 +205,9 @@ class Communicator:
         return self.start(bucket, flat, scale).wait(timeout)
 
     def close(self) -> None:
+        """Stop taking part: messages for this group are dropped, waits in progress end (from any thread)."""
         self.closed = True
-        self.mailbox.release(self.group)
+        self.loop.call_soon_threadsafe(self.mailbox.release, self.group)
 
     # -- on the event loop ----------------------------------------------------------------------
     async def _guarded(self, bucket: str, run):
@@ -215,9 +220,9 @@ class Communicator:
         try:
             await asyncio.wait_for(self._send(peer, key, value), self.timeout)
         except asyncio.TimeoutError:
-            raise ClusterError(f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s") from None
+            raise CollectiveError(f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s") from None
         except (OSError, ConnectionError) as e:
-            raise ClusterError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
+            raise CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
         self.bytes_sent += value.nbytes
 
     async def _get(self, bucket: str, peer: int, key: str):
@@ -225,7 +230,7 @@ class Communicator:
         try:
             value = await self.mailbox.take(self.group, key, self.timeout)
         except asyncio.TimeoutError:
-            raise ClusterError(
+            raise CollectiveError(
                 f"all-reduce of bucket {bucket!r} on {self.describe(self.rank)}: nothing from {self.describe(peer)} "
                 f"for {self.timeout:g} s (did it die or hang?)"
             ) from None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from workbench.errors import ClusterError
+from workbench.errors import ClusterError, CollectiveError
 
 
 def unique_id() -> tuple:
@@ -57,7 +57,7 @@ class NcclHandle:
             comm.check()
             if time.monotonic() > deadline:
                 comm.abort()
-                raise ClusterError(
+                raise CollectiveError(
                     f"NCCL all-reduce of bucket {self.bucket!r} on rank {comm.rank} of {comm.size} did not finish "
                     f"within {limit:g} s; "
                     f"a peer among {list(comm.addresses)} died or hangs"
@@ -113,7 +113,7 @@ class NcclCommunicator:
         try:
             self.comm.check_async_error()
         except self.nccl.NcclError as e:
-            raise ClusterError(f"NCCL failed on rank {self.rank} of {self.size}: {e}") from e
+            raise CollectiveError(f"NCCL failed on rank {self.rank} of {self.size}: {e}") from e
 
     def abort(self) -> None:
         if not self.closed:

@@ -1,0 +1,37 @@
+"""Gradient buckets of the all-reduce strategy, planned and hooked without a cluster."""
+
+import numpy as np
+
+import workbench as wb
+from workbench.cluster.program import TrainingProgram
+from workbench.cluster.replica import hook_outputs, plan_buckets, producers
+from workbench.graph.passes import optimize
+from workbench.graph.plan import Plan
+
+
+def test_buckets_close_at_the_size_and_at_a_dtype_change():
+    shapes = [(4, 4), (4,), (8, 8), (8,), (2,)]
+    dtypes = ["float32", "float32", "float32", "float32", "float16"]
+    buckets = plan_buckets([3, 2, 1, 0, 4], shapes, dtypes, bucket_bytes=64)
+    assert [b.gradients for b in buckets] == [(3, 2), (1, 0), (4,)]
+    assert buckets[0].offsets == ((0, 8), (8, 72)) and buckets[0].size == 72
+    assert [b.dtype for b in buckets] == ["float32", "float32", "float16"]
+
+
+def test_the_backward_pass_makes_the_last_layer_gradients_first_and_says_so(kit):
+    m = kit.mlp(layers=3)
+    g = m["graph"]
+    program = TrainingProgram.from_graph(g, m["train"], [m["loss"].name])
+    fetches = list(program.gradients)
+    plan = Plan(optimize(g, fetches, fed=program.feeds), fetches, list(program.feeds), np, wb.Session(g).variables)
+    variable_of = dict(g.training[m["train"].name]["gradients"])
+    made = producers(plan, plan.fetch_slots)
+    first = [variable_of[fetches[i]] for i in sorted(range(len(fetches)), key=made.__getitem__)]
+    assert first[:2] in (["b2", "w2"], ["w2", "b2"]) and set(first[-2:]) == {"w0", "b0"}
+    seen = []
+    hook_outputs(plan, plan.fetch_slots, lambda k, value: seen.append((k, value.copy())))
+    data = kit.blobs(n=5)
+    values = plan.run([data["x"], data["y"]])
+    assert [variable_of[fetches[k]] for k, _ in seen] == first  # as each is computed
+    for k, value in seen:
+        np.testing.assert_array_equal(value, values[k])
