@@ -55,9 +55,6 @@ class CollectiveGroup:
     backend : {"dask", "nccl"}
     nccl_id : tuple
         NCCL's unique id (backend ``"nccl"`` only).
-    one_way : bool
-        Sends do not wait for the receiver's reply (``reply=False``): one network
-        latency per message instead of a round trip.
     """
 
     token: str
@@ -66,11 +63,10 @@ class CollectiveGroup:
     algorithm: str = "auto"
     backend: str = "dask"
     nccl_id: tuple = ()
-    one_way: bool = True
 
     @classmethod
     def create(cls, client, workers=None, *, run: str | None = None, generation: int = 0, timeout: float = 60.0,
-               algorithm: str = "auto", backend: str = "dask", one_way: bool = True) -> CollectiveGroup:  # fmt: skip
+               algorithm: str = "auto", backend: str = "dask") -> CollectiveGroup:  # fmt: skip
         """A new group over ``workers`` (default: every worker of ``client``, sorted).
 
         Registers the plugin on the cluster (also on workers that join later).
@@ -89,7 +85,7 @@ class CollectiveGroup:
             from workbench.cluster.nccl import unique_id
 
             nccl_id = tuple(client.submit(unique_id, workers=[addresses[0]], pure=False).result(timeout=timeout))
-        return cls(token, addresses, float(timeout), algorithm, backend, nccl_id, one_way)
+        return cls(token, addresses, float(timeout), algorithm, backend, nccl_id)
 
     @property
     def size(self) -> int:
@@ -136,8 +132,10 @@ class WorkerCollectives:
         self.mailbox.put(group, key, data)
 
     async def send(self, group: CollectiveGroup, peer: int, key: str, value) -> None:
+        # with a reply: the comm hands our buffer to the socket without copying it, and only the
+        # reply says the peer has it all, so the array is free to change after this returns
         await self.worker.rpc(group.addresses[peer]).workbench_collective(
-            group=group.token, key=key, data=to_serialize(value), reply=not group.one_way
+            group=group.token, key=key, data=to_serialize(value)
         )
 
     def communicator(self, group: CollectiveGroup):
