@@ -10,6 +10,7 @@ import pytest
 import workbench as wb
 from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.program import TrainingProgram
+from workbench.cluster.replica import held_variables
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -45,7 +46,11 @@ def test_trains_to_the_variables_of_local_training(client3, kit, workers, dtype,
         outcomes.append(outcome)
         synced.append(engine.variables()[1])
     variables, step = engine.variables()
+    held = client3.run(held_variables, engine.group.token, workers=members)
     engine.close()
+    for replica in held.values():  # every replica holds the same bits
+        for name, value in variables.items():
+            assert replica[name].tobytes() == value.tobytes(), name
     rtol = 1e-9 if dtype == "float64" else 1e-5
     assert step == STEPS
     assert [o.step for o in outcomes] == list(range(1, STEPS + 1))

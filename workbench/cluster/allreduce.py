@@ -29,6 +29,7 @@ The interface is the step-engine one (``start``, ``run``, ``variables``, ``close
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 import uuid
 from collections import deque
@@ -96,7 +97,7 @@ class AllReduceEngine:
 
     def __init__(self, client, program: TrainingProgram, data: dict, batch_size: int, batch_seed, *, workers=None,
                  replicas: int | None = None, window: int = 4, timeout: float = 60.0, step_timeout: float = 300.0,
-                 bucket_bytes: int = 1 << 21, algorithm: str = "auto", max_restarts: int = 5,
+                 bucket_bytes: int = 4 << 20, algorithm: str = "auto", max_restarts: int = 5,
                  name: str = "train"):  # fmt: skip
         missing = set(program.feeds) - set(data)
         if missing:
@@ -109,6 +110,7 @@ class AllReduceEngine:
         self.workers, self.replicas, self.window = workers, replicas, window
         self.timeout, self.step_timeout, self.bucket_bytes = timeout, step_timeout, bucket_bytes
         self.algorithm, self.max_restarts, self.name = algorithm, max_restarts, name
+        self.poll = 0.5  # seconds between checks that the members are still there, while a step runs
         self.run_id = f"{name}-{uuid.uuid4().hex[:8]}"
         self.generation = -1
         self.restarts = 0
@@ -116,7 +118,6 @@ class AllReduceEngine:
         self.group: CollectiveGroup | None = None
         self.flight: deque = deque()  # (step, futures), in step order
         self.started: list = []  # each member's start task
-        self._program_ref = self._data_refs = None
         self._transient = _restartable()
 
     # -- the step-engine interface ----------------------------------------------------------------
@@ -180,13 +181,15 @@ class AllReduceEngine:
         self.generation += 1
         self.group = CollectiveGroup.create(client, members, run=self.run_id, generation=self.generation,
                                             timeout=self.timeout, algorithm=self.algorithm)  # fmt: skip
-        if self._program_ref is None:
-            self._program_ref = client.scatter(self.program, broadcast=True, hash=False)
-            self._data_refs = [client.scatter(self.data[n], broadcast=True, hash=False) for n in self.program.feeds]
-        state = client.scatter([variables], broadcast=True, hash=False, workers=members)[0]
+        # scattered again for each generation: Dask keeps one replica of scattered data once no task
+        # waits for it, and the worker holding it may be the one that died
+        program, state, *data = client.scatter(
+            [self.program, variables, *(self.data[n] for n in self.program.feeds)], broadcast=True, hash=False,
+            workers=members,
+        )  # fmt: skip
         token = self.group.token
         self.started = [
-            client.submit(start_replica, self._program_ref, state, step, self.group, self.bucket_bytes,
+            client.submit(start_replica, program, state, step, self.group, self.bucket_bytes, *data,
                           key=(f"{self.name}-allreduce-start-r{i}", token), workers=[w], allow_other_workers=False,
                           priority=1 << 30, pure=False)  # fmt: skip
             for i, w in enumerate(members)
@@ -197,26 +200,29 @@ class AllReduceEngine:
         group, parts = self.group, shards(index, self.group.size)
         total, equal = len(index), len({len(p) for p in parts}) == 1
         scaled_loss = bool(self.program.loss_scale)  # the replicas scale the loss: gradients come weighted
-        scale = None if scaled_loss else 1.0 / (group.size if equal else total)  # applied once, to the sum
+        count = group.size if equal else total
+        scale = None if scaled_loss or count == 1 else 1.0 / count  # applied once, to the sum
         futures, offset = [], 0
         for i, (part, worker) in enumerate(zip(parts, group.addresses)):
             weight = 1.0 if scaled_loss or equal else float(len(part))
             key = (f"{self.name}-allreduce-{step}-r{i}", group.token)
             futures.append(self.client.submit(
                 run_step, group.token, step, part, offset, weight, scale, len(part) / total, sync and i == 0,
-                self.started[i], *self._data_refs, key=key, workers=[worker], allow_other_workers=False,
-                priority=-step, pure=False,
+                self.started[i], key=key, workers=[worker], allow_other_workers=False, priority=-step, pure=False,
             ))  # fmt: skip
             offset += len(part)
         self.flight.append((step, futures))
 
     # -- results and failures ---------------------------------------------------------------------
     def _gather(self, step: int, futures: list) -> list[dict]:
-        """The step's results; the first failure raised as soon as it happens."""
-        from distributed import as_completed
-
-        try:
-            for f in as_completed(futures, loop=self.client.loop, timeout=self.step_timeout):
+        """The step's results; a failure raised as soon as a task fails or a member leaves the cluster."""
+        changed = threading.Event()
+        for f in futures:
+            f.add_done_callback(lambda _: changed.set())
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            changed.clear()
+            for f in futures:
                 if f.status == "error":
                     error = f.exception()
                     if isinstance(error, (self._transient, ClusterError)):
@@ -224,9 +230,18 @@ class AllReduceEngine:
                     raise ClusterError(f"step {step} failed in {f.key[0]}: {type(error).__name__}: {error}") from error
                 if f.status == "cancelled":
                     raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")
-        except (TimeoutError, concurrent.futures.TimeoutError):
-            raise TimeoutError(f"step {step} did not finish within {self.step_timeout:g} s") from None
-        return [f.result() for f in futures]
+            if all(f.status == "finished" for f in futures):
+                return [f.result() for f in futures]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"step {step} did not finish within {self.step_timeout:g} s")
+            if not changed.wait(self.poll):
+                self._check_members(step)
+
+    def _check_members(self, step: int) -> None:
+        """A member that left the cluster fails the step now, not when its peers' waits time out."""
+        gone = set(self.group.addresses) - set(self.client.scheduler_info(n_workers=-1)["workers"])
+        if gone:
+            raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
 
     def _recover(self, step: int, error: BaseException) -> None:
         self.restarts += 1

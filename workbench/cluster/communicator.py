@@ -129,8 +129,8 @@ class Handle:
             self._future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             self._future.cancel()
-            waiting = self.communicator.waiting_on.get(self.bucket)
-            who = self.communicator.describe(waiting) if waiting is not None else "its peers"
+            waiting = sorted(self.communicator.waiting_on.get(self.bucket, ()))
+            who = ", ".join(map(self.communicator.describe, waiting)) or "its peers"
             raise CollectiveError(
                 f"all-reduce of bucket {self.bucket!r} on rank {self.communicator.rank} timed out after "
                 f"{timeout:g} s waiting for {who}"
@@ -175,7 +175,7 @@ class Communicator:
             algorithm = "ring" if self.size >= RING_FROM else "direct"
         self.algorithm = algorithm
         self.bytes_sent = self.bytes_received = 0
-        self.waiting_on: dict[str, int] = {}  # bucket -> the peer it waits for now
+        self.waiting_on: dict[str, set] = {}  # bucket -> the peers it waits for now
         self.closed = False
 
     def describe(self, rank: int) -> str:
@@ -226,9 +226,11 @@ class Communicator:
         self.bytes_sent += value.nbytes
 
     async def _get(self, bucket: str, peer: int, key: str):
-        self.waiting_on[bucket] = peer
+        waiting = self.waiting_on.setdefault(bucket, set())
+        waiting.add(peer)
         try:
             value = await self.mailbox.take(self.group, key, self.timeout)
+            waiting.discard(peer)
         except asyncio.TimeoutError:
             raise CollectiveError(
                 f"all-reduce of bucket {bucket!r} on {self.describe(self.rank)}: nothing from {self.describe(peer)} "
@@ -238,15 +240,21 @@ class Communicator:
         return value
 
     async def _exchange(self, bucket: str, sends: list, receives: list) -> list:
-        """Send ``(peer, key, array)``s while receiving ``(peer, key)``s; the received arrays in order."""
+        """Send ``(peer, key, array)``s while receiving ``(peer, key)``s; the received arrays in order.
+
+        The first failure (a send to a dead peer, a receive that timed out) ends the exchange at once.
+        """
         sending = [asyncio.ensure_future(self._put(p, k, v)) for p, k, v in sends]
+        receiving = [asyncio.ensure_future(self._get(bucket, p, k)) for p, k in receives]
         try:
-            received = [await self._get(bucket, p, k) for p, k in receives]
-            await asyncio.gather(*sending)
+            done, _ = await asyncio.wait(sending + receiving, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()
+            return [task.result() for task in receiving]
         finally:
-            for s in sending:
-                s.cancel()
-        return received
+            for task in sending + receiving:
+                task.cancel()
 
     async def _direct(self, bucket: str, flat, scale) -> None:
         r, size = self.rank, self.size

@@ -109,10 +109,13 @@ class Replica:
     """One worker's replica of a run: plans, variables, buckets and its rank's communicator."""
 
     def __init__(self, program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup,
-                 bucket_bytes: int = 1 << 21):  # fmt: skip
+                 bucket_bytes: int = 4 << 20, data: tuple = ()):  # fmt: skip
         if program.device != "cpu":
             raise ClusterError("the all-reduce strategy runs on CPU workers for now; use strategy='parameter_server'")
         self.program, self.group = program, group
+        # the sources of the feeds, held here: Dask may drop its extra replicas of scattered data
+        # once no task waits for them, and a step must never fetch the data set or lose it
+        self.data = tuple(data)
         self.comm = communicator(group)
         self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}  # this replica's own arrays
         self.step = step
@@ -164,9 +167,14 @@ class Replica:
         if self._missing[b] == 0:
             self._handles[b] = self.comm.start(f"{self._step}.{b}", self.flats[b], self._scale)
 
-    def run(self, step: int, rows: list, offset: int, weight: float, scale: float | None, fetch_weight: float,
+    def run(self, step: int, rows: np.ndarray, offset: int, weight: float, scale: float | None, fetch_weight: float,
             sync: bool) -> dict:  # fmt: skip
-        """Step ``step`` on this replica's ``rows`` (one array per feed); see the module's docstring."""
+        """Step ``step`` on the examples ``rows`` (this replica's shard); see the module's docstring.
+
+        ``offset``: where the shard starts in the global batch; ``weight``: what each gradient is
+        multiplied by on its way into its bucket; ``scale``: what the sum is multiplied by;
+        ``fetch_weight``: the shard's share of the batch (its fetches are weighted by it).
+        """
         self._wait_turn(step)
         try:
             return self._run(step, rows, offset, weight, scale, fetch_weight, sync)
@@ -200,7 +208,7 @@ class Replica:
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
         self.forward.run_count = step - 1  # random ops draw per step
         self.forward.row_offset = offset  # and per row of the global batch
-        values = self.forward.run(rows)
+        values = self.forward.run([take_rows(source, rows) for source in self.data])
         for i in range(n):  # gradients no plan step made (constants) go in now
             self._produced(i, values[i])
         fetches = [np.array(v, copy=True) * fetch_weight for v in values[n:]]  # before the update changes variables
@@ -235,11 +243,14 @@ _REPLICAS: dict[str, Replica] = {}
 _LOCK = threading.Lock()
 
 
-def start_replica(program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup,
-                  bucket_bytes: int) -> str:  # fmt: skip
-    """Make this worker's replica of ``group``'s run (dropping older generations of the same run)."""
+def start_replica(program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup, bucket_bytes: int,
+                  *data) -> str:  # fmt: skip
+    """Make this worker's replica of ``group``'s run (dropping older generations of the same run).
+
+    ``data``: one source per feed of the program (see :func:`take_rows`).
+    """
     run = group.token.rsplit(".", 1)[0]
-    replica = Replica(program, variables, step, group, bucket_bytes)
+    replica = Replica(program, variables, step, group, bucket_bytes, data)
     with _LOCK:
         for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(token).close()
@@ -248,12 +259,12 @@ def start_replica(program: TrainingProgram, variables: dict, step: int, group: C
 
 
 def run_step(token: str, step: int, rows: np.ndarray, offset: int, weight: float, scale, fetch_weight: float,
-             sync: bool, _started, *data) -> dict:  # fmt: skip
+             sync: bool, _started) -> dict:  # fmt: skip
     """One replica's step ``step`` (``_started``: the replica's start task, a dependency for the order)."""
     replica = _REPLICAS.get(token)
     if replica is None:
         raise CollectiveError(f"no replica of run {token!r} on this worker (restarted?)")
-    return replica.run(step, [take_rows(source, rows) for source in data], offset, weight, scale, fetch_weight, sync)
+    return replica.run(step, rows, offset, weight, scale, fetch_weight, sync)
 
 
 def stop_replicas(token: str) -> None:
@@ -262,3 +273,11 @@ def stop_replicas(token: str) -> None:
     with _LOCK:
         for t in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(t).close()
+
+
+def held_variables(token: str) -> dict:
+    """A copy of the variables this worker's replica of ``token`` holds (to compare replicas)."""
+    replica = _REPLICAS.get(token)
+    if replica is None:
+        raise ClusterError(f"no replica of run {token!r} on this worker")
+    return {name: value.copy() for name, value in replica.variables.items()}
