@@ -16,14 +16,14 @@ copy of the variables, on the workers still alive, with a new communicator (the
 next generation of the run's token), and redoes the lost steps without reporting
 them twice.
 
-The interface is the step-engine one (``start``, ``run``, ``variables``, ``close``):
+The interface is the step-engine one (``start``, ``run``, ``variables``, ``close``)::
 
->>> engine = AllReduceEngine(client, program, {"x": x, "y": y}, batch_size=64, batch_seed=(0, 1))  # doctest: +SKIP
->>> engine.start(variables, step=0)                                                          # doctest: +SKIP
->>> for outcome in engine.run(1, 100, sync_at=lambda s: s % 20 == 0):                        # doctest: +SKIP
-...     print(outcome.step, outcome.fetches["loss"], outcome.metrics["compute_seconds"])
->>> variables, step = engine.variables()                                                     # doctest: +SKIP
->>> engine.close()                                                                           # doctest: +SKIP
+    engine = AllReduceEngine(client, program, {"x": x, "y": y}, batch_size=64, batch_seed=(0, 1))
+    engine.start(variables, step=0)
+    for outcome in engine.run(1, 100, sync_at=lambda s: s % 20 == 0):
+        print(outcome.step, outcome.fetches["loss"], outcome.metrics["compute_seconds"])
+    variables, step = engine.variables()
+    engine.close()
 """
 
 from __future__ import annotations

@@ -8,15 +8,15 @@ free). NumPy arrays travel as raw frames, never pickled.
 On the client, :meth:`CollectiveGroup.create` fixes the ranks (the workers of a
 run, in order) and a token unique to the run and its generation: two runs on one
 cluster, or a run and its restart, never exchange a message. The group is plain
-data; a task on a member worker turns it into that rank's communicator:
+data; a task on a member worker turns it into that rank's communicator::
 
->>> group = CollectiveGroup.create(client, run="mlp", generation=0)   # doctest: +SKIP
->>> def task(group, x):
-...     comm = communicator(group)          # this worker's rank
-...     handle = comm.start("grads", x)     # the transfer runs on the worker's event loop
-...     ...                                 # while this thread computes
-...     return handle.wait(timeout=30)      # x now holds the sum over the ranks
->>> futures = [client.submit(task, group, x, workers=[a]) for a in group.addresses]  # doctest: +SKIP
+    group = CollectiveGroup.create(client, run="mlp", generation=0)
+    def task(group, x):
+        comm = communicator(group)          # this worker's rank
+        handle = comm.start("grads", x)     # the transfer runs on the worker's event loop
+        ...                                 # while this thread computes
+        return handle.wait(timeout=30)      # x now holds the sum over the ranks
+    futures = [client.submit(task, group, x, workers=[a]) for a in group.addresses]
 
 With ``backend="nccl"`` (GPU workers, CuPy arrays) the same calls go through NCCL,
 its unique id made on rank 0 and handed out in the group (see :mod:`workbench.cluster.nccl`).

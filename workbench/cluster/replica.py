@@ -2,7 +2,8 @@
 
 Each worker of a run holds a :class:`Replica` (keyed by the run's token, in the
 worker process): the program's two plans, its own copy of every variable (updated
-in place by the optimizer), and flat gradient buckets reused from step to step. A
+in place by the optimizer), the training data, and flat gradient buckets reused
+from step to step. A
 step task on that worker (:func:`run_step`):
 
 1. runs the gradient plan on its shard. Each gradient is copied into its bucket as
