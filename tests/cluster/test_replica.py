@@ -1,6 +1,7 @@
 """Gradient buckets of the all-reduce strategy, planned and hooked without a cluster."""
 
 import numpy as np
+import pytest
 
 import workbench as wb
 from workbench.cluster.program import TrainingProgram
@@ -35,3 +36,20 @@ def test_the_backward_pass_makes_the_last_layer_gradients_first_and_says_so(kit)
     assert [variable_of[fetches[k]] for k, _ in seen] == first  # as each is computed
     for k, value in seen:
         np.testing.assert_array_equal(value, values[k])
+
+
+def test_the_engine_names_what_it_cannot_train_on(kit):
+    import dask.array as da
+
+    from workbench.cluster.allreduce import AllReduceEngine
+
+    m = kit.mlp()
+    data = kit.blobs()
+    program = TrainingProgram.from_graph(m["graph"], m["train"])
+    with pytest.raises(wb.ClusterError, match=r"takes NumPy data; \['x'\] are dask arrays"):
+        AllReduceEngine(None, program, {**data, "x": da.from_array(data["x"])}, 8, 0)
+    gpu = TrainingProgram.from_graph(m["graph"], m["train"], device="gpu", device_options={"emulate": True})
+    with pytest.raises(wb.ClusterError, match="runs on CPU workers for now, not 'gpu'"):
+        AllReduceEngine(None, gpu, data, 8, 0)
+    with pytest.raises(wb.FeedError, match=r"lacks the placeholders \['y'\]"):
+        AllReduceEngine(None, program, {"x": data["x"]}, 8, 0)

@@ -44,7 +44,7 @@ from workbench.cluster.lower import shards
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
 from workbench.errors import ClusterError, CollectiveError, FeedError
-from workbench.training import batch_indices, check_data
+from workbench.training import batch_indices, check_data, is_dask_array
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,13 @@ class AllReduceEngine:
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
         if window < 1:
             raise ClusterError(f"window must be at least 1, got {window}")
+        if program.device != "cpu":
+            raise ClusterError(f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
+                               "use strategy='parameter_server'")  # fmt: skip
+        chunked = sorted(n for n in program.feeds if is_dask_array(data[n]))
+        if chunked:
+            raise ClusterError(f"the all-reduce strategy takes NumPy data; {chunked} are dask arrays "
+                               "(use strategy='parameter_server')")  # fmt: skip
         self.client, self.program, self.batch_size, self.batch_seed = client, program, batch_size, batch_seed
         self.data = {n: np.asarray(data[n]) for n in program.feeds}
         self.num_examples = check_data(self.data)

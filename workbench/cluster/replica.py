@@ -111,8 +111,6 @@ class Replica:
 
     def __init__(self, program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup,
                  bucket_bytes: int = 4 << 20, data: tuple = ()):  # fmt: skip
-        if program.device != "cpu":
-            raise ClusterError("the all-reduce strategy runs on CPU workers for now; use strategy='parameter_server'")
         self.program, self.group = program, group
         # the sources of the feeds, held here: Dask may drop its extra replicas of scattered data
         # once no task waits for them, and a step must never fetch the data set or lose it
