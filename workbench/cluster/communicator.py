@@ -196,8 +196,7 @@ class Communicator:
             if scale is not None:
                 np.multiply(flat, scale, out=flat, casting="unsafe")
             return Handle(self, bucket, flat, None)
-        run = self._direct if self.algorithm == "direct" else self._ring
-        future = asyncio.run_coroutine_threadsafe(self._guarded(bucket, run(bucket, flat, scale)), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self._reduce(bucket, flat, scale), self.loop)
         return Handle(self, bucket, flat, future)
 
     def allreduce(self, flat, bucket: str = "all", scale: float | None = None, timeout: float | None = None):
@@ -210,10 +209,15 @@ class Communicator:
         self.loop.call_soon_threadsafe(self.mailbox.release, self.group)
 
     # -- on the event loop ----------------------------------------------------------------------
-    async def _guarded(self, bucket: str, run):
+    async def _reduce(self, bucket: str, flat, scale) -> None:
+        sent: list = []
+        run = self._direct if self.algorithm == "direct" else self._ring
         try:
-            return await run
+            await run(bucket, flat, scale, sent)
+            await asyncio.gather(*sent)  # every peer has read what we sent: ``flat`` is the caller's again
         finally:
+            for task in sent:
+                task.cancel()
             self.waiting_on.pop(bucket, None)
 
     async def _put(self, peer: int, key: str, value) -> None:
@@ -239,48 +243,55 @@ class Communicator:
         self.bytes_received += value.nbytes
         return value
 
-    async def _exchange(self, bucket: str, sends: list, receives: list) -> list:
+    async def _exchange(self, bucket: str, sends: list, receives: list, sent: list) -> list:
         """Send ``(peer, key, array)``s while receiving ``(peer, key)``s; the received arrays in order.
 
-        The first failure (a send to a dead peer, a receive that timed out) ends the exchange at once.
+        Returns once everything is received, without waiting for the sends' replies: their tasks
+        go to ``sent``, awaited when the bucket is done. (An array sent in one round is written
+        again only after the message it caused has come back, so the peer has read it.) The first
+        failure of any send or receive ends the exchange at once.
         """
-        sending = [asyncio.ensure_future(self._put(p, k, v)) for p, k, v in sends]
+        sent.extend(asyncio.ensure_future(self._put(p, k, v)) for p, k, v in sends)
         receiving = [asyncio.ensure_future(self._get(bucket, p, k)) for p, k in receives]
         try:
-            done, _ = await asyncio.wait(sending + receiving, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()
+            waiting = set(receiving)
+            while waiting:
+                done, _ = await asyncio.wait(waiting | {t for t in sent if not t.done()},
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()
+                waiting -= done
             return [task.result() for task in receiving]
         finally:
-            for task in sending + receiving:
+            for task in receiving:
                 task.cancel()
 
-    async def _direct(self, bucket: str, flat, scale) -> None:
+    async def _direct(self, bucket: str, flat, scale, sent: list) -> None:
         r, size = self.rank, self.size
         views = [flat[a:b] for a, b in chunk_bounds(len(flat), size)]
         peers = [p for p in range(size) if p != r]
         pieces = await self._exchange(
-            bucket, [(p, f"{bucket}|rs|{r}", views[p]) for p in peers], [(p, f"{bucket}|rs|{p}") for p in peers]
+            bucket, [(p, f"{bucket}|rs|{r}", views[p]) for p in peers], [(p, f"{bucket}|rs|{p}") for p in peers], sent
         )
         parts = pieces[:r] + [views[r]] + pieces[r:]
         tree_sum(parts, views[r])
         if scale is not None:
             np.multiply(views[r], scale, out=views[r], casting="unsafe")
         sums = await self._exchange(
-            bucket, [(p, f"{bucket}|ag|{r}", views[r]) for p in peers], [(p, f"{bucket}|ag|{p}") for p in peers]
+            bucket, [(p, f"{bucket}|ag|{r}", views[r]) for p in peers], [(p, f"{bucket}|ag|{p}") for p in peers], sent
         )
         for p, value in zip(peers, sums):
             np.copyto(views[p], value)
 
-    async def _ring(self, bucket: str, flat, scale) -> None:
+    async def _ring(self, bucket: str, flat, scale, sent: list) -> None:
         r, size = self.rank, self.size
         views = [flat[a:b] for a, b in chunk_bounds(len(flat), size)]
         right, left = (r + 1) % size, (r - 1) % size
         for k in range(size - 1):  # reduce-scatter: chunk c is summed g_c + g_c+1 + ... around the ring
             send, recv = (r - k) % size, (r - k - 1) % size
             (partial,) = await self._exchange(
-                bucket, [(right, f"{bucket}|rs{k}|{r}", views[send])], [(left, f"{bucket}|rs{k}|{left}")]
+                bucket, [(right, f"{bucket}|rs{k}|{r}", views[send])], [(left, f"{bucket}|rs{k}|{left}")], sent
             )
             np.add(partial, views[recv], out=views[recv])
         mine = (r + 1) % size
@@ -289,6 +300,6 @@ class Communicator:
         for k in range(size - 1):  # all-gather: the sums travel on around the ring
             send, recv = (r + 1 - k) % size, (r - k) % size
             (value,) = await self._exchange(
-                bucket, [(right, f"{bucket}|ag{k}|{r}", views[send])], [(left, f"{bucket}|ag{k}|{left}")]
+                bucket, [(right, f"{bucket}|ag{k}|{r}", views[send])], [(left, f"{bucket}|ag{k}|{left}")], sent
             )
             np.copyto(views[recv], value)
