@@ -1,5 +1,9 @@
 """Gradient buckets of the all-reduce strategy, planned and hooked without a cluster."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -53,3 +57,29 @@ def test_the_engine_names_what_it_cannot_train_on(kit):
         AllReduceEngine(None, gpu, data, 8, 0)
     with pytest.raises(wb.FeedError, match=r"lacks the placeholders \['y'\]"):
         AllReduceEngine(None, program, {"x": data["x"]}, 8, 0)
+
+
+FAULTS = """
+import resource, numpy as np
+from workbench.cluster.malloc import reuse_freed_memory
+
+def faults():
+    np.ones(1 << 20, dtype="float32")  # 4 MiB, freed at once
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        np.ones(1 << 20, dtype="float32")
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10
+
+print(faults(), reuse_freed_memory(), faults())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_workers_reuse_freed_memory_despite_the_nannys_trim_threshold():
+    # the environment a Dask nanny gives its workers
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", FAULTS], env=env, capture_output=True, text=True, check=True).stdout
+    before, done, after = out.split()
+    assert done == "True"
+    assert float(before) > 500  # every 4 MiB array is fresh pages
+    assert float(after) < 50  # now they come back from the heap

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, take_rows
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.core import Graph
@@ -111,6 +112,7 @@ class Replica:
 
     def __init__(self, program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup,
                  bucket_bytes: int = 4 << 20, data: tuple = ()):  # fmt: skip
+        reuse_freed_memory()  # else every large temporary of a step is a fresh mmap in a Dask worker
         self.program, self.group = program, group
         # the sources of the feeds, held here: Dask may drop its extra replicas of scattered data
         # once no task waits for them, and a step must never fetch the data set or lose it
