@@ -32,6 +32,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from workbench.cluster.communicator import Communicator, Mailbox
+from workbench.cluster.malloc import reuse_freed_memory
 from workbench.errors import ClusterError
 
 NAME = "workbench-collective"
@@ -169,13 +170,15 @@ class WorkerCollectives:
 class CollectivePlugin(WorkerPlugin):
     """Gives every worker its :class:`WorkerCollectives` and the handler peers send to.
 
-    Registering it again (another client, another run) keeps what a worker already has.
+    Registering it again (another client, another run) keeps what a worker already has. Also makes
+    the worker reuse freed memory (:func:`~workbench.cluster.malloc.reuse_freed_memory`).
     """
 
     name = NAME
     idempotent = True
 
     def setup(self, worker):
+        reuse_freed_memory()  # each message arrives in a fresh buffer: from the heap, not a fresh mmap
         collectives = worker.extensions.get(NAME)
         if collectives is None:
             collectives = worker.extensions[NAME] = WorkerCollectives(worker)
