@@ -38,6 +38,8 @@ def group(loop, size, algorithm, timeout=10.0, name="g"):
 def reference(parts, algorithm, size):
     """Each chunk summed in the order the algorithm promises."""
     out = np.empty_like(parts[0])
+    if algorithm == "gather":
+        return tree_sum(parts, out)
     for c, (a, b) in enumerate(chunk_bounds(len(out), size)):
         pieces = [p[a:b] for p in parts]
         if algorithm == "ring":  # g_c + g_c+1 + ... around the ring
@@ -50,7 +52,7 @@ def reference(parts, algorithm, size):
     return out
 
 
-@pytest.mark.parametrize("algorithm", ["direct", "ring"])
+@pytest.mark.parametrize("algorithm", ["direct", "ring", "gather"])
 @pytest.mark.parametrize("size", [1, 2, 3, 5])
 def test_every_rank_gets_the_same_bits_in_the_promised_order(loop, algorithm, size):
     rng = np.random.default_rng(size)
@@ -65,7 +67,10 @@ def test_every_rank_gets_the_same_bits_in_the_promised_order(loop, algorithm, si
     np.testing.assert_array_equal(results[0], expected)
     if size > 1:
         sent = comms[0].bytes_sent
-        assert sent == pytest.approx(2 * (size - 1) / size * parts[0].nbytes, rel=0.01)  # bandwidth-optimal
+        if algorithm == "gather":  # the whole array to every peer: for small arrays, one round of messages
+            assert sent == (size - 1) * parts[0].nbytes
+        else:  # bandwidth-optimal
+            assert sent == pytest.approx(2 * (size - 1) / size * parts[0].nbytes, rel=0.01)
 
 
 def test_buckets_in_flight_at_once_are_matched_by_name(loop):
@@ -86,7 +91,7 @@ def test_a_silent_peer_is_named_within_the_timeout(loop):
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ClusterError, match="unknown all-reduce algorithm 'tree'"):
+    with pytest.raises(ClusterError, match="unknown all-reduce algorithm 'tree'; use one of 'auto', 'direct'"):
         Communicator("g", 0, ["a"], None, Mailbox(), None, algorithm="tree")
     with pytest.raises(ClusterError, match=r"contiguous 1-d array, got shape \(2, 2\)"):
         Communicator("g", 0, ["a", "b"], None, Mailbox(), None).start("b", np.ones((2, 2)))

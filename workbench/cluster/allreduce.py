@@ -89,7 +89,7 @@ class AllReduceEngine:
         Seconds the driver waits for a step at most.
     bucket_bytes : int
         Gradient bytes per all-reduce bucket.
-    algorithm : {"auto", "direct", "ring"}
+    algorithm : {"auto", "direct", "ring", "gather"}
     max_restarts : int
     name : str
         The first part of task keys (the graph's name).

@@ -51,7 +51,7 @@ class CollectiveGroup:
         Member workers, in rank order.
     timeout : float
         Seconds a rank waits for any one peer before :class:`ClusterError`.
-    algorithm : {"auto", "direct", "ring"}
+    algorithm : {"auto", "direct", "ring", "gather"}
         See :mod:`workbench.cluster.communicator`.
     backend : {"dask", "nccl"}
     nccl_id : tuple

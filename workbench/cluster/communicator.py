@@ -6,7 +6,7 @@ and returns at once; the calling thread keeps computing and later calls
 ``handle.wait(timeout)``. The result is written into ``flat`` itself.
 
 Two bandwidth-optimal algorithms, both a reduce-scatter followed by an all-gather,
-so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``:
+so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``, and one for latency:
 
 - ``"direct"``: rank ``r`` owns chunk ``r``; every rank sends chunk ``p`` to its owner ``p``,
   the owner sums the ``R`` pieces in a pairwise tree over the ranks,
@@ -16,9 +16,12 @@ so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``:
 - ``"ring"``: ``R - 1`` rounds of reduce-scatter and ``R - 1`` of all-gather around
   the ring, each rank talking to its two neighbours only; chunk ``c`` is summed as
   ``((g_c + g_c+1) + g_c+2) ...``. For large groups.
+- ``"gather"``: every rank sends its whole array to every peer and sums all of them in
+  the tree order: one message round, ``R - 1`` times the array. Between 2 ranks that is
+  as few bytes as the others, and half their latency: ``"auto"`` uses it for small arrays there.
 
-Either way every element is summed once, by one rank, in an order fixed by the
-ranks alone, and copied to the others: every rank ends with the same bits, and the
+Every element is summed in an order fixed by the ranks alone, once (then copied to
+the others) or by every rank alike: every rank ends with the same bits, and the
 result never depends on timing. Waits are bounded: a rank that hears nothing from
 a peer within the timeout raises :class:`~workbench.errors.CollectiveError` (a
 ``ClusterError``) naming that peer.
@@ -34,7 +37,9 @@ import numpy as np
 
 from workbench.errors import ClusterError, CollectiveError
 
+ALGORITHMS = ("auto", "direct", "ring", "gather")
 RING_FROM = 9  # "auto" uses the ring from this many ranks on (direct needs R - 1 connections per rank)
+GATHER_BELOW = 64 << 10  # "auto" sends small arrays whole between 2 ranks: one message round instead of two
 
 
 class Mailbox:
@@ -156,7 +161,7 @@ class Communicator:
         Where transfers and sums run (not the calling thread).
     timeout : float
         Seconds to wait for any one peer before :class:`ClusterError`.
-    algorithm : {"auto", "direct", "ring"}
+    algorithm : {"auto", "direct", "ring", "gather"}
 
     Attributes
     ----------
@@ -166,13 +171,11 @@ class Communicator:
 
     def __init__(self, group: str, rank: int, addresses, send: Send, mailbox: Mailbox, loop, timeout: float = 60.0,
                  algorithm: str = "auto"):  # fmt: skip
-        if algorithm not in ("auto", "direct", "ring"):
-            raise ClusterError(f"unknown all-reduce algorithm {algorithm!r}; use 'auto', 'direct' or 'ring'")
+        if algorithm not in ALGORITHMS:
+            raise ClusterError(f"unknown all-reduce algorithm {algorithm!r}; use one of {', '.join(map(repr, ALGORITHMS))}")
         self.group, self.rank, self.addresses = group, rank, tuple(addresses)
         self.size = len(self.addresses)
         self._send, self.mailbox, self.loop, self.timeout = send, mailbox, loop, float(timeout)
-        if algorithm == "auto":
-            algorithm = "ring" if self.size >= RING_FROM else "direct"
         self.algorithm = algorithm
         self.bytes_sent = self.bytes_received = 0
         self.waiting_on: dict[str, set] = {}  # bucket -> the peers it waits for now
@@ -211,7 +214,7 @@ class Communicator:
     # -- on the event loop ----------------------------------------------------------------------
     async def _reduce(self, bucket: str, flat, scale) -> None:
         sent: list = []
-        run = self._direct if self.algorithm == "direct" else self._ring
+        run = {"direct": self._direct, "ring": self._ring, "gather": self._gather}[self._algorithm_for(flat)]
         try:
             await run(bucket, flat, scale, sent)
             await asyncio.gather(*sent)  # every peer has read what we sent: ``flat`` is the caller's again
@@ -266,6 +269,25 @@ class Communicator:
         finally:
             for task in receiving:
                 task.cancel()
+
+    def _algorithm_for(self, flat) -> str:
+        if self.algorithm != "auto":
+            return self.algorithm
+        if self.size == 2 and flat.nbytes <= GATHER_BELOW:
+            return "gather"
+        return "ring" if self.size >= RING_FROM else "direct"
+
+    async def _gather(self, bucket: str, flat, scale, sent: list) -> None:
+        r = self.rank
+        peers = [p for p in range(self.size) if p != r]
+        arrays = await self._exchange(
+            bucket, [(p, f"{bucket}|all|{r}", flat) for p in peers], [(p, f"{bucket}|all|{p}") for p in peers], sent
+        )
+        total = tree_sum(arrays[:r] + [flat] + arrays[r:])  # a new array: peers may still be reading ``flat``
+        if scale is not None:
+            np.multiply(total, scale, out=total, casting="unsafe")
+        await asyncio.gather(*sent)
+        np.copyto(flat, total, casting="unsafe")
 
     async def _direct(self, bucket: str, flat, scale, sent: list) -> None:
         r, size = self.rank, self.size
