@@ -2,7 +2,6 @@
 
 import os
 import signal
-import threading
 
 import numpy as np
 import pytest

@@ -7,7 +7,6 @@ import time
 import numpy as np
 import pytest
 
-import workbench as wb
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.errors import ClusterError
 
