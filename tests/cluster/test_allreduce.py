@@ -2,6 +2,8 @@
 
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -61,6 +63,41 @@ def test_trains_to_the_variables_of_local_training(client3, kit, workers, dtype,
     for o in outcomes:
         assert o.metrics["tasks"] == workers
         assert o.metrics["bytes_received"] <= 2 * (workers - 1) / workers * model_bytes * 1.05
+
+
+def test_two_runs_share_the_workers_without_waiting_on_each_other(client3, kit):
+    # each step task waits for its peers; were it to hold its worker's only thread meanwhile, two
+    # runs could each hold one worker and wait for the other's forever
+    steps = 20
+    runs = []
+    for dtype, batch_size in (("float64", 24), ("float64", 30)):
+        m, data, start, expected, _ = local_run(kit, dtype, batch_size, steps=steps)
+        runs.append((engine_for(client3, m, data, batch_size, None, timeout=20, window=4), start, expected))
+    results, errors = [None, None], []
+
+    def train(i):
+        engine, start, _ = runs[i]
+        try:
+            engine.start(start, 0)
+            for _ in engine.run(1, steps, sync_at=lambda s: False):
+                pass
+            results[i] = (engine.variables()[0], engine.restarts)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            engine.close()
+
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(2)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert time.monotonic() - started < 20  # no step waited for a peer's timeout
+    for (variables, restarts), (_, _, expected) in zip(results, runs):
+        assert restarts == 0
+        kit.assert_same_variables(expected, variables, rtol=1e-9)
 
 
 def test_a_killed_worker_restarts_the_run_from_the_last_sync(client3, kit):

@@ -187,8 +187,10 @@ class Replica:
                 self.turn.notify_all()
 
     def _wait_turn(self, step: int) -> None:
-        """Steps run in order: with several threads per worker, a later step waits for this one (bounded)."""
+        """Steps run in order: a later step that started early waits for this one (bounded)."""
         with self.turn:
+            if not (self.failed or self.step >= step - 1):
+                self._before_waiting()
             ready = self.turn.wait_for(lambda: self.failed or self.step >= step - 1, timeout=self.group.timeout)
         if self.failed:
             raise CollectiveError(f"replica {self.comm.rank} of {self.group.token!r} is broken: {self.failed}")
@@ -214,6 +216,8 @@ class Replica:
             self._produced(i, values[i])
         fetches = [np.array(v, copy=True) * fetch_weight for v in values[n:]]  # before the update changes variables
         computed = time.perf_counter()
+        if not all(handle.done() for handle in self._handles):
+            self._before_waiting()
         for handle in self._handles:
             handle.wait(self.group.timeout)
         reduced = time.perf_counter()
@@ -234,11 +238,44 @@ class Replica:
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         return result
 
+    def _before_waiting(self) -> None:
+        """Waiting for peers while another run shares this worker: leave the thread pool (see
+        :func:`leave_thread_pool`). Alone, the run keeps its thread: nothing else waits for peers."""
+        if len(_REPLICAS) > 1 and self.comm.size > 1:
+            leave_thread_pool()
+
     def close(self) -> None:
         self.comm.close()
 
 
 # -- the task functions (what the step graph calls) ----------------------------------------------
+
+_seceded = threading.local()
+
+
+def leave_thread_pool() -> None:
+    """Give this task's slot in the worker's thread pool to the next task while it waits for peers.
+
+    A step task that held its worker's only thread while waiting could deadlock with another run
+    on the same workers (each holding one worker, waiting for the other). The task goes on in
+    its own thread and ends there (``distributed.secede``); a no-op outside a worker, or if done.
+    """
+    if getattr(_seceded, "task", None) is not None and _seceded.task == _current_key():
+        return
+    try:
+        from distributed import secede
+
+        secede()
+    except ValueError:  # not in a worker's task
+        return
+    _seceded.task = _current_key()
+
+
+def _current_key():
+    from distributed.worker import thread_state
+
+    return getattr(thread_state, "key", None)
+
 
 _REPLICAS: dict[str, Replica] = {}
 _LOCK = threading.Lock()
