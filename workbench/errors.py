@@ -63,3 +63,7 @@ class ClusterError(WorkbenchError, RuntimeError):
 
 class DeviceError(WorkbenchError, RuntimeError):
     """A device (GPU) or the library it needs is not available."""
+
+
+class CollectiveError(ClusterError):
+    """A peer of a worker-to-worker collective died, hung or could not be reached (a run can restart without it)."""

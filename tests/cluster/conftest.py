@@ -47,15 +47,26 @@ def assert_same_variables(a: dict, b: dict, rtol: float) -> None:
         np.testing.assert_allclose(b[name], a[name], rtol=rtol, atol=rtol * 1e-3, err_msg=name)
 
 
-@pytest.fixture(scope="module")
-def client():
-    """One real cluster per test module: 2 worker processes, one thread each, on 127.0.0.1."""
-    client = wb.cluster.connect("local", n_workers=2)
+def local_client(n_workers: int):
+    """A real cluster of ``n_workers`` worker processes, one thread each, on 127.0.0.1."""
+    client = wb.cluster.connect("local", n_workers=n_workers)
     try:
-        client.wait_for_workers(2, timeout=60)
+        client.wait_for_workers(n_workers, timeout=60)
         yield client
     finally:
         wb.cluster.close(client)
+
+
+@pytest.fixture(scope="module")
+def client():
+    """One real cluster per test module: 2 worker processes."""
+    yield from local_client(2)
+
+
+@pytest.fixture(scope="module")
+def client3():
+    """One real cluster per test module: 3 worker processes."""
+    yield from local_client(3)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,135 @@
+"""All-reduce between 2 worker processes: workbench's collective over Dask's comm against gloo.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/allreduce.py
+
+For each size (float32; 7.46 MB is the MLP of bench/cluster.py), the median time of one
+in-place all-reduce (sum) of a flat array: workbench's :mod:`workbench.cluster.collective`
+on an embedded Dask cluster of 2 worker processes, and ``torch.distributed.all_reduce``
+with the gloo backend in 2 processes (``pip install torch``; benchmark only). Rounds of
+both are interleaved, so a noisy machine moves both alike; ``--rounds`` and ``--iters``
+set how many. Also the per-message cost: the smallest size is latency only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import statistics
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import numpy as np  # noqa: E402
+
+SIZES = {"4 KB": 4_000, "1 MB": 1_000_000, "7.46 MB": 7_460_000, "32 MB": 32_000_000}
+
+
+def ours(group, nbytes: int, iters: int) -> list[float]:
+    """On each rank: ``iters`` timed all-reduces (after one untimed, which also lines the ranks up)."""
+    from workbench.cluster.collective import communicator
+
+    comm = communicator(group)
+    flat = np.ones(nbytes // 4, dtype="float32")
+    comm.allreduce(flat, bucket=f"warm-{nbytes}")
+    times = []
+    for i in range(iters):
+        flat.fill(1.0)
+        started = time.perf_counter()
+        comm.allreduce(flat, bucket=f"{nbytes}-{i}")
+        times.append(time.perf_counter() - started)
+    assert flat[0] == comm.size
+    return times
+
+
+def gloo_rank(rank: int, port: int, pipe) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    while True:
+        order = pipe.recv()
+        if order is None:
+            break
+        nbytes, iters = order
+        flat = torch.ones(nbytes // 4, dtype=torch.float32)
+        dist.all_reduce(flat)
+        times = []
+        for _ in range(iters):
+            flat.fill_(1.0)
+            started = time.perf_counter()
+            dist.all_reduce(flat)
+            times.append(time.perf_counter() - started)
+        pipe.send(times)
+    dist.destroy_process_group()
+
+
+class Gloo:
+    """Two gloo ranks in their own processes, waiting for orders."""
+
+    def __init__(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for rank in range(2):
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=gloo_rank, args=(rank, port, theirs), daemon=True)
+            proc.start()
+            self.pipes.append(mine)
+            self.procs.append(proc)
+
+    def run(self, nbytes: int, iters: int) -> list[float]:
+        for p in self.pipes:
+            p.send((nbytes, iters))
+        per_rank = [p.recv() for p in self.pipes]
+        return [max(t) for t in zip(*per_rank)]
+
+    def close(self) -> None:
+        for p in self.pipes:
+            p.send(None)
+        for proc in self.procs:
+            proc.join(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--algorithm", default="auto")
+    args = parser.parse_args()
+
+    import workbench as wb
+    from workbench.cluster.collective import CollectiveGroup
+
+    client = wb.cluster.connect("local", n_workers=2)
+    client.wait_for_workers(2)
+    group = CollectiveGroup.create(client, algorithm=args.algorithm)
+    gloo = Gloo()
+    results: dict = {(name, who): [] for name in SIZES for who in ("workbench", "gloo")}
+    try:
+        for _ in range(args.rounds):
+            for name, nbytes in SIZES.items():
+                futures = [client.submit(ours, group, nbytes, args.iters, workers=[a], pure=False) for a in group.addresses]
+                per_rank = client.gather(futures)
+                results[name, "workbench"] += [max(t) for t in zip(*per_rank)]
+                results[name, "gloo"] += gloo.run(nbytes, args.iters)
+    finally:
+        gloo.close()
+        wb.cluster.close(client)
+    print(f"all-reduce, float32, 2 processes; median of {args.rounds} x {args.iters} (ms; GB/s = size / time)")
+    print("| size | workbench | gloo | workbench / gloo |")
+    print("|---|---:|---:|---:|")
+    for name, nbytes in SIZES.items():
+        a = statistics.median(results[name, "workbench"])
+        b = statistics.median(results[name, "gloo"])
+        print(f"| {name} | {a * 1e3:.2f} ms ({nbytes / a / 1e9:.2f} GB/s) | {b * 1e3:.2f} ms ({nbytes / b / 1e9:.2f} GB/s) "
+              f"| {a / b:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The all-reduce algorithms over an in-memory transport: no cluster, one event loop in a thread."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from workbench.cluster.communicator import Communicator, Mailbox, chunk_bounds, tree_sum
+from workbench.errors import ClusterError
+
+
+@pytest.fixture(scope="module")
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+
+
+def group(loop, size, algorithm, timeout=10.0, name="g"):
+    """``size`` communicators whose sends copy the array into the peer's mailbox (as a network would)."""
+    boxes = [Mailbox() for _ in range(size)]
+
+    def sender(rank):
+        async def send(peer, key, value):
+            await asyncio.sleep(0)
+            boxes[peer].put(name, key, np.array(value))
+
+        return send
+
+    addresses = [f"inproc://{r}" for r in range(size)]
+    return [Communicator(name, r, addresses, sender(r), boxes[r], loop, timeout, algorithm) for r in range(size)]
+
+
+def reference(parts, algorithm, size):
+    """Each chunk summed in the order the algorithm promises."""
+    out = np.empty_like(parts[0])
+    if algorithm == "gather":
+        return tree_sum(parts, out)
+    for c, (a, b) in enumerate(chunk_bounds(len(out), size)):
+        pieces = [p[a:b] for p in parts]
+        if algorithm == "ring":  # g_c + g_c+1 + ... around the ring
+            total = pieces[c].copy()
+            for k in range(1, size):
+                total = total + pieces[(c + k) % size]
+            out[a:b] = total
+        else:
+            tree_sum(pieces, out[a:b])
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "ring", "gather"])
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_every_rank_gets_the_same_bits_in_the_promised_order(loop, algorithm, size):
+    rng = np.random.default_rng(size)
+    parts = [rng.standard_normal(1003) * 10.0 ** rng.integers(-8, 8, 1003) for _ in range(size)]
+    comms = group(loop, size, algorithm)
+    flats = [p.copy() for p in parts]
+    handles = [c.start("b0", f, scale=0.25) for c, f in zip(comms, flats)]
+    results = [h.wait(10) for h in handles]
+    expected = reference(parts, algorithm, size) * 0.25
+    for r in results:
+        assert r.tobytes() == results[0].tobytes()
+    np.testing.assert_array_equal(results[0], expected)
+    if size > 1:
+        sent = comms[0].bytes_sent
+        if algorithm == "gather":  # the whole array to every peer: for small arrays, one round of messages
+            assert sent == (size - 1) * parts[0].nbytes
+        else:  # bandwidth-optimal
+            assert sent == pytest.approx(2 * (size - 1) / size * parts[0].nbytes, rel=0.01)
+
+
+def test_buckets_in_flight_at_once_are_matched_by_name(loop):
+    comms = group(loop, 3, "direct")
+    flats = {(r, b): np.full(10, float(r + 1) * (b + 1), dtype="float32") for r in range(3) for b in range(4)}
+    # rank 2 starts its buckets in the reverse order
+    handles = {(r, b): comms[r].start(f"step-1.{b}", flats[r, b]) for r in range(3) for b in (range(4) if r < 2 else range(3, -1, -1))}
+    for (r, b), h in handles.items():
+        np.testing.assert_array_equal(h.wait(10), np.full(10, 6.0 * (b + 1), dtype="float32"))
+
+
+def test_a_silent_peer_is_named_within_the_timeout(loop):
+    comms = group(loop, 3, "direct", timeout=0.3)
+    handles = [comms[r].start("b", np.ones(8)) for r in (0, 1)]  # rank 2 never starts
+    for h in handles:
+        with pytest.raises(ClusterError, match=r"nothing from rank 2 \(inproc://2\) for 0.3 s"):
+            h.wait(5)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ClusterError, match="unknown all-reduce algorithm 'tree'; use one of 'auto', 'direct'"):
+        Communicator("g", 0, ["a"], None, Mailbox(), None, algorithm="tree")
+    with pytest.raises(ClusterError, match=r"contiguous 1-d array, got shape \(2, 2\)"):
+        Communicator("g", 0, ["a", "b"], None, Mailbox(), None).start("b", np.ones((2, 2)))

@@ -1,0 +1,309 @@
+"""The all-reduce strategy's driver: data-parallel training with worker-resident replicas.
+
+Each worker of the run keeps its own replica of the variables
+(:mod:`workbench.cluster.replica`); a step is ``R`` tasks, one pinned to each
+worker, keyed like the model (``("mlp-allreduce-12-r0", token)``). Each computes
+its shard's gradients, all-reduces them worker to worker
+(:mod:`workbench.cluster.collective`) and applies the optimizer to its own replica.
+No gradient or variable passes through a task result: the client gets small
+metrics, and at the steps it asks to sync, rank 0's copy of the variables.
+
+Steps are submitted ``window`` ahead without dependencies between them; explicit
+priorities (``-step``) make each worker run them in order (a worker that ran a later
+step first would wait for peers that wait for it). A dead or hung worker makes its
+peers fail within the group's timeout; the driver then starts again from the last host
+copy of the variables, on the workers still alive, with a new communicator (the
+next generation of the run's token), and redoes the lost steps without reporting
+them twice.
+
+The interface is the step-engine one (``start``, ``run``, ``variables``, ``close``)::
+
+    engine = AllReduceEngine(client, program, {"x": x, "y": y}, batch_size=64, batch_seed=(0, 1))
+    engine.start(variables, step=0)
+    for outcome in engine.run(1, 100, sync_at=lambda s: s % 20 == 0):
+        print(outcome.step, outcome.fetches["loss"], outcome.metrics["compute_seconds"])
+    variables, step = engine.variables()
+    engine.close()
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.communicator import tree_sum
+from workbench.cluster.lower import shards
+from workbench.cluster.program import TrainingProgram
+from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.errors import ClusterError, CollectiveError, FeedError
+from workbench.training import batch_indices, check_data, is_dask_array
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one step reports: the fetches of the global batch, and how the step went."""
+
+    step: int
+    fetches: dict
+    metrics: dict = field(default_factory=dict)
+
+
+def _restartable() -> tuple:
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+
+    return (CollectiveError, KilledWorker, FutureCancelledError, concurrent.futures.CancelledError, OSError, TimeoutError)
+
+
+class AllReduceEngine:
+    """Synchronous data-parallel training where replicas all-reduce their gradients worker to worker.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    program : TrainingProgram
+        The training step (see :meth:`TrainingProgram.from_graph`); CPU programs.
+    data : dict
+        Placeholder name to NumPy array, one per feed of the program.
+    batch_size : int
+        The global batch, split across the replicas in contiguous shards.
+    batch_seed :
+        Seeds the batch order (:func:`workbench.training.batch_indices`).
+    workers : list of str, optional
+        Workers to use (default: every worker), one replica each.
+    replicas : int, optional
+        At most this many replicas (default: one per worker).
+    window : int
+        Steps in flight.
+    timeout : float
+        Seconds a replica waits for a peer before the step fails (and the run restarts).
+    step_timeout : float
+        Seconds the driver waits for a step at most.
+    bucket_bytes : int
+        Gradient bytes per all-reduce bucket.
+    algorithm : {"auto", "direct", "ring", "gather"}
+    max_restarts : int
+    name : str
+        The first part of task keys (the graph's name).
+    """
+
+    def __init__(self, client, program: TrainingProgram, data: dict, batch_size: int, batch_seed, *, workers=None,
+                 replicas: int | None = None, window: int = 4, timeout: float = 60.0, step_timeout: float = 300.0,
+                 bucket_bytes: int = 4 << 20, algorithm: str = "auto", max_restarts: int = 5,
+                 name: str = "train"):  # fmt: skip
+        missing = set(program.feeds) - set(data)
+        if missing:
+            raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
+        if window < 1:
+            raise ClusterError(f"window must be at least 1, got {window}")
+        if program.device != "cpu":
+            raise ClusterError(f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
+                               "use strategy='parameter_server'")  # fmt: skip
+        chunked = sorted(n for n in program.feeds if is_dask_array(data[n]))
+        if chunked:
+            raise ClusterError(f"the all-reduce strategy takes NumPy data; {chunked} are dask arrays "
+                               "(use strategy='parameter_server')")  # fmt: skip
+        self.client, self.program, self.batch_size, self.batch_seed = client, program, batch_size, batch_seed
+        self.data = {n: np.asarray(data[n]) for n in program.feeds}
+        self.num_examples = check_data(self.data)
+        self.workers, self.replicas, self.window = workers, replicas, window
+        self.timeout, self.step_timeout, self.bucket_bytes = timeout, step_timeout, bucket_bytes
+        self.algorithm, self.max_restarts, self.name = algorithm, max_restarts, name
+        self.poll = 0.5  # seconds between checks that the members are still there, while a step runs
+        self.run_id = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.generation = -1
+        self.restarts = 0
+        self.host: tuple[dict, int] | None = None
+        self.group: CollectiveGroup | None = None
+        self.flight: deque = deque()  # (step, futures), in step order
+        self.started: list = []  # each member's start task
+        self._transient = _restartable()
+
+    # -- the step-engine interface ----------------------------------------------------------------
+    def start(self, variables: dict, step: int) -> None:
+        """Place a replica of ``variables`` (the values after ``step``) on each worker."""
+        self.host = ({n: np.array(v, copy=True) for n, v in variables.items()}, int(step))
+        self._launch(self._members(self._candidates()))
+
+    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
+        """Run steps ``first..last``; yields one outcome per step, in order, each step once.
+
+        A host copy of the variables exists (see :meth:`variables`) for every step where
+        ``sync_at(step)`` is true, before that step's outcome is yielded, and for ``last``.
+        """
+        if self.host is None:
+            raise ClusterError("start(variables, step) comes before run()")
+        reported, submitted = first - 1, first - 1
+        synced = lambda s: s == last or bool(sync_at(s))  # noqa: E731
+        while reported < last:
+            while submitted < last and len(self.flight) < self.window:
+                submitted += 1
+                self._submit(submitted, synced(submitted))
+            step, futures = self.flight[0]
+            try:
+                results = self._gather(step, futures)
+            except self._transient as e:
+                self._recover(step, e)
+                submitted = self.host[1]
+                continue
+            self.flight.popleft()
+            if "variables" in results[0]:
+                self.host = (results[0]["variables"], step)
+            if step > reported:
+                reported = step
+                yield self._outcome(step, results)
+
+    def variables(self) -> tuple[dict, int]:
+        """The latest host copy of the variables, and the step it is from."""
+        if self.host is None:
+            raise ClusterError("start(variables, step) comes before variables()")
+        return self.host
+
+    def close(self) -> None:
+        """Drop the steps in flight and the replicas on the workers."""
+        self._drop()
+
+    # -- placing replicas -------------------------------------------------------------------------
+    def _candidates(self) -> list[str]:
+        known = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        return [w for w in (self.workers or known) if w in known]
+
+    def _members(self, candidates: list[str]) -> list[str]:
+        count = len(candidates) if self.replicas is None else min(self.replicas, len(candidates))
+        if count < 1:
+            raise ClusterError(f"no workers left to train on (asked for {list(self.workers or []) or 'any'})")
+        return candidates[:count]
+
+    def _launch(self, members: list[str]) -> None:
+        client = self.client
+        variables, step = self.host
+        self.generation += 1
+        self.group = CollectiveGroup.create(client, members, run=self.run_id, generation=self.generation,
+                                            timeout=self.timeout, algorithm=self.algorithm)  # fmt: skip
+        # scattered again for each generation: Dask keeps one replica of scattered data once no task
+        # waits for it, and the worker holding it may be the one that died
+        program, state, *data = client.scatter(
+            [self.program, variables, *(self.data[n] for n in self.program.feeds)], broadcast=True, hash=False,
+            workers=members,
+        )  # fmt: skip
+        token = self.group.token
+        self.started = [
+            client.submit(start_replica, program, state, step, self.group, self.bucket_bytes, *data,
+                          key=(f"{self.name}-allreduce-start-r{i}", token), workers=[w], allow_other_workers=False,
+                          priority=1 << 30, pure=False)  # fmt: skip
+            for i, w in enumerate(members)
+        ]
+
+    def _submit(self, step: int, sync: bool) -> None:
+        index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
+        group, parts = self.group, shards(index, self.group.size)
+        total, equal = len(index), len({len(p) for p in parts}) == 1
+        scaled_loss = bool(self.program.loss_scale)  # the replicas scale the loss: gradients come weighted
+        count = group.size if equal else total
+        scale = None if scaled_loss or count == 1 else 1.0 / count  # applied once, to the sum
+        futures, offset = [], 0
+        for i, (part, worker) in enumerate(zip(parts, group.addresses)):
+            weight = 1.0 if scaled_loss or equal else float(len(part))
+            key = (f"{self.name}-allreduce-{step}-r{i}", group.token)
+            futures.append(self.client.submit(
+                run_step, group.token, step, part, offset, weight, scale, len(part) / total, sync and i == 0,
+                self.started[i], key=key, workers=[worker], allow_other_workers=False, priority=-step, pure=False,
+            ))  # fmt: skip
+            offset += len(part)
+        self.flight.append((step, futures))
+
+    # -- results and failures ---------------------------------------------------------------------
+    def _gather(self, step: int, futures: list) -> list[dict]:
+        """The step's results; a failure raised as soon as a task fails or a member leaves the cluster."""
+        changed = threading.Event()
+        for f in futures:
+            f.add_done_callback(lambda _: changed.set())
+        deadline = time.monotonic() + self.step_timeout
+        while True:
+            changed.clear()
+            for f in futures:
+                if f.status == "error":
+                    error = f.exception()
+                    if isinstance(error, (self._transient, ClusterError)):
+                        raise error
+                    raise ClusterError(f"step {step} failed in {f.key[0]}: {type(error).__name__}: {error}") from error
+                if f.status == "cancelled":
+                    raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")
+            if all(f.status == "finished" for f in futures):
+                return [f.result() for f in futures]
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"step {step} did not finish within {self.step_timeout:g} s")
+            if not changed.wait(self.poll):
+                self._check_members(step)
+
+    def _check_members(self, step: int) -> None:
+        """A member that left the cluster fails the step now, not when its peers' waits time out."""
+        gone = set(self.group.addresses) - set(self.client.scheduler_info(n_workers=-1)["workers"])
+        if gone:
+            raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
+
+    def _recover(self, step: int, error: BaseException) -> None:
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            raise ClusterError(
+                f"training failed {self.restarts} times; last at step {step}: {type(error).__name__}: {error}"
+            ) from error
+        self._cancel()
+        self._wait_for_departures()
+        self._drop()
+        self._launch(self._members(self._candidates()))
+
+    def _wait_for_departures(self, seconds: float = 5.0) -> None:
+        """Give the scheduler a moment to notice a dead member (its nanny reports it at once),
+        so that the next generation does not count on it; a hung member stays."""
+        deadline = time.monotonic() + min(seconds, self.timeout)
+        members = set(self.group.addresses)
+        while time.monotonic() < deadline:
+            if members - set(self.client.scheduler_info(n_workers=-1)["workers"]):
+                return
+            time.sleep(0.1)
+
+    def _cancel(self) -> None:
+        futures = [f for _, fs in self.flight for f in fs] + list(self.started)
+        self.flight.clear()
+        self.started = []
+        if futures:
+            self.client.cancel(futures)
+
+    def _drop(self) -> None:
+        self._cancel()
+        if self.group is not None:
+            known = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            members = [a for a in self.group.addresses if a in known]
+            if members:
+                self.client.run(stop_replicas, self.group.token, workers=members, on_error="return")
+            self.group.release(self.client)
+            self.group = None
+
+    def _outcome(self, step: int, results: list[dict]) -> StepOutcome:
+        names = self.program.fetches
+        fetches = {}
+        for k, name in enumerate(names):
+            value = np.asarray(tree_sum([r["fetches"][k] for r in results]))
+            fetches[name] = value.item() if value.ndim == 0 else value
+        compute = {r["worker"]: r["compute_seconds"] for r in results}
+        metrics = {
+            "replicas": len(results),
+            "compute_seconds": max(compute.values()),
+            "allreduce_wait_seconds": max(r["allreduce_wait_seconds"] for r in results),
+            "update_seconds": max(r["update_seconds"] for r in results),
+            "workers": compute,
+            "bytes_received": max(r["bytes_received"] for r in results),
+            "bytes_sent": max(r["bytes_sent"] for r in results),
+            "restarts": self.restarts,
+            "tasks": len(results),
+        }
+        return StepOutcome(step, fetches, metrics)

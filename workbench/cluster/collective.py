@@ -1,0 +1,185 @@
+"""Worker-to-worker collectives over Dask's own comm, bootstrapped through Dask.
+
+The pattern of Dask's P2P shuffle: a worker plugin registers a handler on every
+worker (``workbench_collective``), and ranks send each other arrays with the
+worker's pooled ``rpc`` (so TLS, UCX and the worker's connection pool come for
+free). NumPy arrays travel as raw frames, never pickled.
+
+On the client, :meth:`CollectiveGroup.create` fixes the ranks (the workers of a
+run, in order) and a token unique to the run and its generation: two runs on one
+cluster, or a run and its restart, never exchange a message. The group is plain
+data; a task on a member worker turns it into that rank's communicator::
+
+    group = CollectiveGroup.create(client, run="mlp", generation=0)
+    def task(group, x):
+        comm = communicator(group)          # this worker's rank
+        handle = comm.start("grads", x)     # the transfer runs on the worker's event loop
+        ...                                 # while this thread computes
+        return handle.wait(timeout=30)      # x now holds the sum over the ranks
+    futures = [client.submit(task, group, x, workers=[a]) for a in group.addresses]
+
+With ``backend="nccl"`` (GPU workers, CuPy arrays) the same calls go through NCCL,
+its unique id made on rank 0 and handed out in the group (see :mod:`workbench.cluster.nccl`).
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from dataclasses import dataclass
+
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
+
+from workbench.cluster.communicator import Communicator, Mailbox
+from workbench.cluster.malloc import reuse_freed_memory
+from workbench.errors import ClusterError
+
+NAME = "workbench-collective"
+HANDLER = "workbench_collective"
+
+
+@dataclass(frozen=True)
+class CollectiveGroup:
+    """Who takes part in a collective, and how: plain data, sent to each member's tasks.
+
+    Attributes
+    ----------
+    token : str
+        ``"<run>.<generation>"``; names every message of the group.
+    addresses : tuple of str
+        Member workers, in rank order.
+    timeout : float
+        Seconds a rank waits for any one peer before :class:`ClusterError`.
+    algorithm : {"auto", "direct", "ring", "gather"}
+        See :mod:`workbench.cluster.communicator`.
+    backend : {"dask", "nccl"}
+    nccl_id : tuple
+        NCCL's unique id (backend ``"nccl"`` only).
+    """
+
+    token: str
+    addresses: tuple
+    timeout: float = 60.0
+    algorithm: str = "auto"
+    backend: str = "dask"
+    nccl_id: tuple = ()
+
+    @classmethod
+    def create(cls, client, workers=None, *, run: str | None = None, generation: int = 0, timeout: float = 60.0,
+               algorithm: str = "auto", backend: str = "dask") -> CollectiveGroup:  # fmt: skip
+        """A new group over ``workers`` (default: every worker of ``client``, sorted).
+
+        Registers the plugin on the cluster (also on workers that join later).
+        """
+        addresses = tuple(workers) if workers else tuple(sorted(client.scheduler_info(n_workers=-1)["workers"]))
+        if not addresses:
+            raise ClusterError("a collective needs at least one worker; the cluster has none")
+        if len(set(addresses)) != len(addresses):
+            raise ClusterError(f"a worker may hold one rank only, got {list(addresses)}")
+        if backend not in ("dask", "nccl"):
+            raise ClusterError(f"unknown collective backend {backend!r}; use 'dask' or 'nccl'")
+        client.register_plugin(CollectivePlugin())
+        token = f"{run or uuid.uuid4().hex[:12]}-{uuid.uuid4().hex[:6]}.{int(generation)}"
+        nccl_id: tuple = ()
+        if backend == "nccl":
+            from workbench.cluster.nccl import unique_id
+
+            nccl_id = tuple(client.submit(unique_id, workers=[addresses[0]], pure=False).result(timeout=timeout))
+        return cls(token, addresses, float(timeout), algorithm, backend, nccl_id)
+
+    @property
+    def size(self) -> int:
+        return len(self.addresses)
+
+    def release(self, client) -> None:
+        """Forget the group on its workers that are still there (dropping messages in flight)."""
+        alive = set(client.scheduler_info(n_workers=-1)["workers"])
+        members = [a for a in self.addresses if a in alive]
+        if members:
+            client.run(_release, self.token, workers=members, on_error="ignore")
+
+
+def _release(token: str, dask_worker=None) -> None:
+    collectives = dask_worker.extensions.get(NAME)
+    if collectives is not None:
+        collectives.release(token)
+
+
+def communicator(group: CollectiveGroup):
+    """This worker's rank of ``group`` (call it inside a task on a member worker); made once per worker."""
+    from distributed import get_worker
+
+    try:
+        worker = get_worker()
+    except ValueError:
+        raise ClusterError("communicator() runs inside a task on a worker of the group") from None
+    collectives = worker.extensions.get(NAME)
+    if collectives is None:
+        raise ClusterError(f"worker {worker.address} lacks the collective plugin; create groups with CollectiveGroup.create")
+    return collectives.communicator(group)
+
+
+class WorkerCollectives:
+    """One worker's collectives: the mailbox where peers' arrays arrive, and its communicators by group."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.mailbox = Mailbox()
+        self.communicators: dict[str, object] = {}
+
+    def receive(self, group: str, key: str, data) -> None:
+        """The handler: an array from a peer (runs on the worker's event loop)."""
+        self.mailbox.put(group, key, data)
+
+    async def send(self, group: CollectiveGroup, peer: int, key: str, value) -> None:
+        # with a reply: the comm hands our buffer to the socket without copying it, and only the
+        # reply says the peer has it all, so the array is free to change after this returns
+        await self.worker.rpc(group.addresses[peer]).workbench_collective(
+            group=group.token, key=key, data=to_serialize(value)
+        )
+
+    def communicator(self, group: CollectiveGroup):
+        found = self.communicators.get(group.token)
+        if found is not None:
+            return found
+        address = self.worker.address
+        if address not in group.addresses:
+            raise ClusterError(f"worker {address} is not in collective {group.token!r} ({list(group.addresses)})")
+        rank = group.addresses.index(address)
+        if group.backend == "nccl":
+            from workbench.cluster.nccl import NcclCommunicator
+
+            found = NcclCommunicator(group.token, rank, group.addresses, group.nccl_id, group.timeout)
+        else:
+            found = Communicator(
+                group.token, rank, group.addresses, functools.partial(self.send, group), self.mailbox,
+                self.worker.loop.asyncio_loop, timeout=group.timeout, algorithm=group.algorithm,
+            )  # fmt: skip
+        self.communicators[group.token] = found
+        return found
+
+    def release(self, token: str) -> None:
+        found = self.communicators.pop(token, None)
+        if found is not None:
+            found.close()
+        else:
+            self.mailbox.release(token)
+
+
+class CollectivePlugin(WorkerPlugin):
+    """Gives every worker its :class:`WorkerCollectives` and the handler peers send to.
+
+    Registering it again (another client, another run) keeps what a worker already has. Also makes
+    the worker reuse freed memory (:func:`~workbench.cluster.malloc.reuse_freed_memory`).
+    """
+
+    name = NAME
+    idempotent = True
+
+    def setup(self, worker):
+        reuse_freed_memory()  # each message arrives in a fresh buffer: from the heap, not a fresh mmap
+        collectives = worker.extensions.get(NAME)
+        if collectives is None:
+            collectives = worker.extensions[NAME] = WorkerCollectives(worker)
+        worker.handlers[HANDLER] = collectives.receive

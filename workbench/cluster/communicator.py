@@ -1,0 +1,327 @@
+"""A bucketed, fixed-order all-reduce between ranks, over any transport that can send an array.
+
+A :class:`Communicator` is one rank of a group. ``start(bucket, flat)`` begins
+the all-reduce of a flat array on an asyncio event loop (a Dask worker's own)
+and returns at once; the calling thread keeps computing and later calls
+``handle.wait(timeout)``. The result is written into ``flat`` itself.
+
+Two bandwidth-optimal algorithms, both a reduce-scatter followed by an all-gather,
+so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``, and one for latency:
+
+- ``"direct"``: rank ``r`` owns chunk ``r``; every rank sends chunk ``p`` to its owner ``p``,
+  the owner sums the ``R`` pieces in a pairwise tree over the ranks,
+  ``(g0 + g1) + (g2 + g3) ...``, then sends the sum back to everyone. Two message
+  rounds whatever ``R``; the tree is the one a reduction task graph uses, so both give
+  the same bits.
+- ``"ring"``: ``R - 1`` rounds of reduce-scatter and ``R - 1`` of all-gather around
+  the ring, each rank talking to its two neighbours only; chunk ``c`` is summed as
+  ``((g_c + g_c+1) + g_c+2) ...``. For large groups.
+- ``"gather"``: every rank sends its whole array to every peer and sums all of them in
+  the tree order: one message round, ``R - 1`` times the array. Between 2 ranks that is
+  as few bytes as the others, and half their latency: ``"auto"`` uses it for small arrays there.
+
+Every element is summed in an order fixed by the ranks alone, once (then copied to
+the others) or by every rank alike: every rank ends with the same bits, and the
+result never depends on timing. Waits are bounded: a rank that hears nothing from
+a peer within the timeout raises :class:`~workbench.errors.CollectiveError` (a
+``ClusterError``) naming that peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+from workbench.errors import ClusterError, CollectiveError
+
+ALGORITHMS = ("auto", "direct", "ring", "gather")
+RING_FROM = 9  # "auto" uses the ring from this many ranks on (direct needs R - 1 connections per rank)
+GATHER_BELOW = 64 << 10  # "auto" sends small arrays whole between 2 ranks: one message round instead of two
+
+
+class Mailbox:
+    """Arrays that arrived, by key, and the receivers waiting for them (all on one event loop)."""
+
+    def __init__(self):
+        self._slots: dict[str, asyncio.Future] = {}
+        self._closed: set[str] = set()  # groups released here: late messages for them are dropped
+
+    def _slot(self, key: str) -> asyncio.Future:
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = asyncio.get_running_loop().create_future()
+        return slot
+
+    def put(self, group: str, key: str, value) -> None:
+        if group in self._closed:
+            return
+        slot = self._slot(f"{group}|{key}")
+        if not slot.done():
+            slot.set_result(value)
+
+    async def take(self, group: str, key: str, timeout: float):
+        full = f"{group}|{key}"
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._slot(full)), timeout)
+        finally:
+            slot = self._slots.get(full)
+            if slot is not None and slot.done():
+                del self._slots[full]
+
+    def release(self, group: str) -> None:
+        """Forget ``group``: drop what arrived for it, cancel its waiters, ignore what comes later."""
+        self._closed.add(group)
+        prefix = f"{group}|"
+        for key in [k for k in self._slots if k.startswith(prefix)]:
+            self._slots.pop(key).cancel()
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+
+def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
+    """``size`` contiguous, near-equal ranges covering ``range(n)`` (as ``np.array_split``)."""
+    q, extra = divmod(n, size)
+    bounds, start = [], 0
+    for i in range(size):
+        stop = start + q + (i < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def tree_sum(parts: list, out=None):
+    """``(p0 + p1) + (p2 + p3) ...``, pairwise over ``parts`` in order; into ``out`` when given.
+
+    ``parts`` may include ``out`` itself; intermediate sums go to fresh arrays, the last into ``out``.
+    """
+    level = list(parts)
+    while len(level) > 2:
+        nxt = [level[j] + level[j + 1] for j in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    if out is None:
+        return level[0] + level[1] if len(level) == 2 else level[0]
+    if len(level) == 2:
+        np.add(level[0], level[1], out=out)
+    elif level[0] is not out:
+        np.copyto(out, level[0])
+    return out
+
+
+Send = Callable[[int, str, Any], Awaitable[None]]
+
+
+class Handle:
+    """One bucket's all-reduce in flight; :meth:`wait` gives the reduced array (the one passed in)."""
+
+    def __init__(self, communicator: Communicator, bucket: str, flat, future: concurrent.futures.Future | None):
+        self.communicator, self.bucket, self.flat, self._future = communicator, bucket, flat, future
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self, timeout: float | None = None):
+        """Block until the bucket is reduced (at most ``timeout`` seconds, default the group's)."""
+        if self._future is None:
+            return self.flat
+        timeout = self.communicator.timeout if timeout is None else timeout
+        try:
+            self._future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:
+            self._future.cancel()
+            waiting = sorted(self.communicator.waiting_on.get(self.bucket, ()))
+            who = ", ".join(map(self.communicator.describe, waiting)) or "its peers"
+            raise CollectiveError(
+                f"all-reduce of bucket {self.bucket!r} on rank {self.communicator.rank} timed out after "
+                f"{timeout:g} s waiting for {who}"
+            ) from None
+        return self.flat
+
+
+class Communicator:
+    """Rank ``rank`` of ``len(addresses)`` in group ``group``.
+
+    Parameters
+    ----------
+    group : str
+        Unique name of the group (messages carry it: two groups never mix).
+    rank : int
+    addresses : sequence of str
+        Every rank's address, in rank order (only used in messages and errors).
+    send : coroutine function ``send(rank, key, array)``
+        Delivers ``array`` to ``mailbox.put(group, key, array)`` on rank ``rank``.
+    mailbox : Mailbox
+        Where this rank's messages arrive.
+    loop : asyncio event loop
+        Where transfers and sums run (not the calling thread).
+    timeout : float
+        Seconds to wait for any one peer before :class:`ClusterError`.
+    algorithm : {"auto", "direct", "ring", "gather"}
+
+    Attributes
+    ----------
+    bytes_sent, bytes_received : int
+        Payload bytes so far.
+    """
+
+    def __init__(self, group: str, rank: int, addresses, send: Send, mailbox: Mailbox, loop, timeout: float = 60.0,
+                 algorithm: str = "auto"):  # fmt: skip
+        if algorithm not in ALGORITHMS:
+            raise ClusterError(f"unknown all-reduce algorithm {algorithm!r}; use one of {', '.join(map(repr, ALGORITHMS))}")
+        self.group, self.rank, self.addresses = group, rank, tuple(addresses)
+        self.size = len(self.addresses)
+        self._send, self.mailbox, self.loop, self.timeout = send, mailbox, loop, float(timeout)
+        self.algorithm = algorithm
+        self.bytes_sent = self.bytes_received = 0
+        self.waiting_on: dict[str, set] = {}  # bucket -> the peers it waits for now
+        self.closed = False
+
+    def describe(self, rank: int) -> str:
+        return f"rank {rank} ({self.addresses[rank]})"
+
+    def start(self, bucket: str, flat, scale: float | None = None) -> Handle:
+        """Begin the all-reduce (sum) of the 1-d array ``flat`` in place; ``scale`` multiplies the sum.
+
+        ``bucket`` names this reduction; every rank starts the same buckets with arrays of the same
+        length and dtype (in any order: messages are matched by name). The scale is applied once, by
+        the rank that sums each chunk, before the chunk is sent back.
+        """
+        if self.closed:
+            raise ClusterError(f"communicator {self.group!r} is closed")
+        if getattr(flat, "ndim", 0) != 1 or not flat.flags.c_contiguous:
+            raise ClusterError(f"all-reduce needs a contiguous 1-d array, got shape {getattr(flat, 'shape', None)}")
+        if self.size == 1:
+            if scale is not None:
+                np.multiply(flat, scale, out=flat, casting="unsafe")
+            return Handle(self, bucket, flat, None)
+        future = asyncio.run_coroutine_threadsafe(self._reduce(bucket, flat, scale), self.loop)
+        return Handle(self, bucket, flat, future)
+
+    def allreduce(self, flat, bucket: str = "all", scale: float | None = None, timeout: float | None = None):
+        """``start(bucket, flat, scale).wait(timeout)``."""
+        return self.start(bucket, flat, scale).wait(timeout)
+
+    def close(self) -> None:
+        """Stop taking part: messages for this group are dropped, waits in progress end (from any thread)."""
+        self.closed = True
+        self.loop.call_soon_threadsafe(self.mailbox.release, self.group)
+
+    # -- on the event loop ----------------------------------------------------------------------
+    async def _reduce(self, bucket: str, flat, scale) -> None:
+        sent: list = []
+        run = {"direct": self._direct, "ring": self._ring, "gather": self._gather}[self._algorithm_for(flat)]
+        try:
+            await run(bucket, flat, scale, sent)
+            await asyncio.gather(*sent)  # every peer has read what we sent: ``flat`` is the caller's again
+        finally:
+            for task in sent:
+                task.cancel()
+            self.waiting_on.pop(bucket, None)
+
+    async def _put(self, peer: int, key: str, value) -> None:
+        try:
+            await asyncio.wait_for(self._send(peer, key, value), self.timeout)
+        except asyncio.TimeoutError:
+            raise CollectiveError(f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s") from None
+        except (OSError, ConnectionError) as e:
+            raise CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
+        self.bytes_sent += value.nbytes
+
+    async def _get(self, bucket: str, peer: int, key: str):
+        waiting = self.waiting_on.setdefault(bucket, set())
+        waiting.add(peer)
+        try:
+            value = await self.mailbox.take(self.group, key, self.timeout)
+            waiting.discard(peer)
+        except asyncio.TimeoutError:
+            raise CollectiveError(
+                f"all-reduce of bucket {bucket!r} on {self.describe(self.rank)}: nothing from {self.describe(peer)} "
+                f"for {self.timeout:g} s (did it die or hang?)"
+            ) from None
+        self.bytes_received += value.nbytes
+        return value
+
+    async def _exchange(self, bucket: str, sends: list, receives: list, sent: list) -> list:
+        """Send ``(peer, key, array)``s while receiving ``(peer, key)``s; the received arrays in order.
+
+        Returns once everything is received, without waiting for the sends' replies: their tasks
+        go to ``sent``, awaited when the bucket is done. (An array sent in one round is written
+        again only after the message it caused has come back, so the peer has read it.) The first
+        failure of any send or receive ends the exchange at once.
+        """
+        sent.extend(asyncio.ensure_future(self._put(p, k, v)) for p, k, v in sends)
+        receiving = [asyncio.ensure_future(self._get(bucket, p, k)) for p, k in receives]
+        try:
+            waiting = set(receiving)
+            while waiting:
+                done, _ = await asyncio.wait(waiting | {t for t in sent if not t.done()},
+                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                for task in done:
+                    if task.exception() is not None:
+                        raise task.exception()
+                waiting -= done
+            return [task.result() for task in receiving]
+        finally:
+            for task in receiving:
+                task.cancel()
+
+    def _algorithm_for(self, flat) -> str:
+        if self.algorithm != "auto":
+            return self.algorithm
+        if self.size == 2 and flat.nbytes <= GATHER_BELOW:
+            return "gather"
+        return "ring" if self.size >= RING_FROM else "direct"
+
+    async def _gather(self, bucket: str, flat, scale, sent: list) -> None:
+        r = self.rank
+        peers = [p for p in range(self.size) if p != r]
+        arrays = await self._exchange(
+            bucket, [(p, f"{bucket}|all|{r}", flat) for p in peers], [(p, f"{bucket}|all|{p}") for p in peers], sent
+        )
+        total = tree_sum(arrays[:r] + [flat] + arrays[r:])  # a new array: peers may still be reading ``flat``
+        if scale is not None:
+            np.multiply(total, scale, out=total, casting="unsafe")
+        await asyncio.gather(*sent)
+        np.copyto(flat, total, casting="unsafe")
+
+    async def _direct(self, bucket: str, flat, scale, sent: list) -> None:
+        r, size = self.rank, self.size
+        views = [flat[a:b] for a, b in chunk_bounds(len(flat), size)]
+        peers = [p for p in range(size) if p != r]
+        pieces = await self._exchange(
+            bucket, [(p, f"{bucket}|rs|{r}", views[p]) for p in peers], [(p, f"{bucket}|rs|{p}") for p in peers], sent
+        )
+        parts = pieces[:r] + [views[r]] + pieces[r:]
+        tree_sum(parts, views[r])
+        if scale is not None:
+            np.multiply(views[r], scale, out=views[r], casting="unsafe")
+        sums = await self._exchange(
+            bucket, [(p, f"{bucket}|ag|{r}", views[r]) for p in peers], [(p, f"{bucket}|ag|{p}") for p in peers], sent
+        )
+        for p, value in zip(peers, sums):
+            np.copyto(views[p], value)
+
+    async def _ring(self, bucket: str, flat, scale, sent: list) -> None:
+        r, size = self.rank, self.size
+        views = [flat[a:b] for a, b in chunk_bounds(len(flat), size)]
+        right, left = (r + 1) % size, (r - 1) % size
+        for k in range(size - 1):  # reduce-scatter: chunk c is summed g_c + g_c+1 + ... around the ring
+            send, recv = (r - k) % size, (r - k - 1) % size
+            (partial,) = await self._exchange(
+                bucket, [(right, f"{bucket}|rs{k}|{r}", views[send])], [(left, f"{bucket}|rs{k}|{left}")], sent
+            )
+            np.add(partial, views[recv], out=views[recv])
+        mine = (r + 1) % size
+        if scale is not None:
+            np.multiply(views[mine], scale, out=views[mine], casting="unsafe")
+        for k in range(size - 1):  # all-gather: the sums travel on around the ring
+            send, recv = (r + 1 - k) % size, (r - k) % size
+            (value,) = await self._exchange(
+                bucket, [(right, f"{bucket}|ag{k}|{r}", views[send])], [(left, f"{bucket}|ag{k}|{left}")], sent
+            )
+            np.copyto(views[recv], value)

@@ -1,0 +1,321 @@
+"""The worker side of the all-reduce strategy: a replica of the variables that lives on its worker.
+
+Each worker of a run holds a :class:`Replica` (keyed by the run's token, in the
+worker process): the program's two plans, its own copy of every variable (updated
+in place by the optimizer), the training data, and flat gradient buckets reused
+from step to step. A
+step task on that worker (:func:`run_step`):
+
+1. runs the gradient plan on its shard. Each gradient is copied into its bucket as
+   soon as the plan computes it; a bucket whose gradients are all there starts its
+   all-reduce at once, on the worker's event loop, while this thread goes on with the
+   rest of the backward pass (buckets follow the order the backward pass produces the
+   gradients, last layer first);
+2. waits for the buckets (bounded: a dead or hung peer raises ``CollectiveError``);
+   the sum is scaled once, by the rank that sums each chunk;
+3. applies the optimizer in place with the reduced gradients, views into the buckets;
+4. returns small numbers only (its weighted fetches, timings, bytes), plus a copy of the
+   variables when the step is a sync point and this is rank 0.
+
+All replicas start from the same values and apply the same bits, so they stay identical.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.malloc import reuse_freed_memory
+from workbench.cluster.program import TrainingProgram, take_rows
+from workbench.errors import ClusterError, CollectiveError
+from workbench.graph.core import Graph
+from workbench.graph.passes import optimize
+from workbench.graph.plan import Plan
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Gradients reduced together: their indices (in the program's order), offsets and shapes."""
+
+    gradients: tuple
+    offsets: tuple  # (start, stop) of each gradient in the flat buffer
+    shapes: tuple
+    dtype: str
+    size: int
+
+
+def plan_buckets(order: list[int], shapes: list[tuple], dtypes: list[str], bucket_bytes: int) -> list[Bucket]:
+    """Gradients in ``order`` (when the backward pass makes them) cut into buckets of about ``bucket_bytes``.
+
+    A bucket closes when it reaches the size or when the dtype changes (a bucket is one flat array).
+    """
+    buckets, current, dtype = [], [], None
+
+    def close():
+        if current:
+            offsets, start = [], 0
+            for i in current:
+                n = int(np.prod(shapes[i], dtype=np.int64))
+                offsets.append((start, start + n))
+                start += n
+            buckets.append(Bucket(tuple(current), tuple(offsets), tuple(shapes[i] for i in current), dtype, start))
+            current.clear()
+
+    size = 0
+    for i in order:
+        if dtypes[i] != dtype or size >= bucket_bytes:
+            close()
+            dtype, size = dtypes[i], 0
+        current.append(i)
+        size += int(np.prod(shapes[i], dtype=np.int64)) * np.dtype(dtypes[i]).itemsize
+    close()
+    return buckets
+
+
+def producers(plan: Plan, slots: list) -> list[int]:
+    """The index of the plan step that computes each slot (-1: known before any step, e.g. a constant).
+
+    Reads the plan's step list ``(fn, get, out, dead)``: the one place that relies on its layout.
+    """
+    made = {}
+    for i, (_fn, _get, out, _dead) in enumerate(plan.steps):
+        for o in (out,) if isinstance(out, int) else out:
+            made[o] = i
+    return [made.get(s, -1) for s in slots]
+
+
+def hook_outputs(plan: Plan, slots: list, callback) -> None:
+    """Make ``plan`` call ``callback(k, value)`` as soon as it computes ``slots[k]``."""
+    wanted: dict[int, list] = {}
+    for k, (slot, index) in enumerate(zip(slots, producers(plan, slots))):
+        if index >= 0:
+            wanted.setdefault(index, []).append((k, slot))
+    for index, outputs in wanted.items():
+        fn, get, out, dead = plan.steps[index]
+        positions = [(k, None if isinstance(out, int) else out.index(slot)) for k, slot in outputs]
+
+        def hooked(*args, _fn=fn, _positions=positions):
+            result = _fn(*args)
+            for k, position in _positions:
+                callback(k, result if position is None else result[position])
+            return result
+
+        plan.steps[index] = (hooked, get, out, dead)
+
+
+class Replica:
+    """One worker's replica of a run: plans, variables, buckets and its rank's communicator."""
+
+    def __init__(self, program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup,
+                 bucket_bytes: int = 4 << 20, data: tuple = ()):  # fmt: skip
+        reuse_freed_memory()  # else every large temporary of a step is a fresh mmap in a Dask worker
+        self.program, self.group = program, group
+        # the sources of the feeds, held here: Dask may drop its extra replicas of scattered data
+        # once no task waits for them, and a step must never fetch the data set or lose it
+        self.data = tuple(data)
+        self.comm = communicator(group)
+        self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}  # this replica's own arrays
+        self.step = step
+        self.failed: str | None = None
+        self.turn = threading.Condition()
+        graph = Graph.from_json(program.graph_json)
+        grads = list(program.gradients)
+        fetches = grads + list(program.fetches)
+        self.forward_state: dict = {}
+        self.forward = Plan(optimize(graph, fetches, fed=program.feeds), fetches, list(program.feeds), np,
+                            self.forward_state, program.seed)  # fmt: skip
+        update = optimize(graph, [program.train], fed=program.gradients)
+        order = [op.name for op in update.operations if op.type == "placeholder"]
+        index_of = {graph.get(g).op.name: i for i, g in enumerate(grads)}
+        self.update_order = [index_of[n] for n in order]
+        self.update = Plan(update, [program.train], order, np, self.variables, program.seed, own_state=True)
+        self._layout(graph, bucket_bytes)
+        hook_outputs(self.forward, self.forward.fetch_slots[: len(grads)], self._produced)
+
+    def _layout(self, graph: Graph, bucket_bytes: int) -> None:
+        """Buckets in the order the backward pass makes the gradients, and each gradient's view into its bucket."""
+        grads = list(self.program.gradients)
+        variable_of = dict(graph.training[self.program.train]["gradients"])
+        shapes = [tuple(self.variables[variable_of[g]].shape) for g in grads]
+        dtypes = [str(graph.get(g).dtype) for g in grads]
+        made = producers(self.forward, self.forward.fetch_slots[: len(grads)])
+        order = sorted(range(len(grads)), key=made.__getitem__)
+        self.buckets = plan_buckets(order, shapes, dtypes, bucket_bytes)
+        self.flats = [np.empty(b.size, dtype=b.dtype) for b in self.buckets]  # reused every step
+        self.views: list = [None] * len(grads)
+        self.bucket_of = [0] * len(grads)
+        for b, bucket in enumerate(self.buckets):
+            for i, (start, stop), shape in zip(bucket.gradients, bucket.offsets, bucket.shapes):
+                self.views[i] = self.flats[b][start:stop].reshape(shape)
+                self.bucket_of[i] = b
+
+    # -- one step ---------------------------------------------------------------------------------
+    def _produced(self, i: int, value) -> None:
+        """The plan just computed gradient ``i``: into its bucket; a full bucket starts reducing."""
+        if self._packed[i]:
+            return
+        if self._weight == 1.0:
+            np.copyto(self.views[i], value, casting="unsafe")
+        else:
+            np.multiply(value, self._weight, out=self.views[i], casting="unsafe")
+        self._packed[i] = True
+        b = self.bucket_of[i]
+        self._missing[b] -= 1
+        if self._missing[b] == 0:
+            self._handles[b] = self.comm.start(f"{self._step}.{b}", self.flats[b], self._scale)
+
+    def run(self, step: int, rows: np.ndarray, offset: int, weight: float, scale: float | None, fetch_weight: float,
+            sync: bool) -> dict:  # fmt: skip
+        """Step ``step`` on the examples ``rows`` (this replica's shard); see the module's docstring.
+
+        ``offset``: where the shard starts in the global batch; ``weight``: what each gradient is
+        multiplied by on its way into its bucket; ``scale``: what the sum is multiplied by;
+        ``fetch_weight``: the shard's share of the batch (its fetches are weighted by it).
+        """
+        self._wait_turn(step)
+        try:
+            return self._run(step, rows, offset, weight, scale, fetch_weight, sync)
+        except BaseException as e:
+            self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
+            raise
+        finally:
+            with self.turn:
+                self.turn.notify_all()
+
+    def _wait_turn(self, step: int) -> None:
+        """Steps run in order: a later step that started early waits for this one (bounded)."""
+        with self.turn:
+            if not (self.failed or self.step >= step - 1):
+                self._before_waiting()
+            ready = self.turn.wait_for(lambda: self.failed or self.step >= step - 1, timeout=self.group.timeout)
+        if self.failed:
+            raise CollectiveError(f"replica {self.comm.rank} of {self.group.token!r} is broken: {self.failed}")
+        if not ready or self.step != step - 1:
+            raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
+
+    def _run(self, step, rows, offset, weight, scale, fetch_weight, sync) -> dict:
+        started = time.perf_counter()
+        program, n = self.program, len(self.program.gradients)
+        self.forward_state.clear()
+        self.forward_state.update(self.variables)
+        if program.loss_scale:  # as the parameter-server path: the shard's loss scaled by its share
+            self.forward_state[program.loss_scale] = self.variables[program.loss_scale] * fetch_weight
+        self._step, self._weight, self._scale = step, weight, scale
+        self._packed = [False] * n
+        self._missing = [len(b.gradients) for b in self.buckets]
+        self._handles: list = [None] * len(self.buckets)
+        sent, received = self.comm.bytes_sent, self.comm.bytes_received
+        self.forward.run_count = step - 1  # random ops draw per step
+        self.forward.row_offset = offset  # and per row of the global batch
+        values = self.forward.run([take_rows(source, rows) for source in self.data])
+        for i in range(n):  # gradients no plan step made (constants) go in now
+            self._produced(i, values[i])
+        fetches = [np.array(v, copy=True) * fetch_weight for v in values[n:]]  # before the update changes variables
+        computed = time.perf_counter()
+        if not all(handle.done() for handle in self._handles):
+            self._before_waiting()
+        for handle in self._handles:
+            handle.wait(self.group.timeout)
+        reduced = time.perf_counter()
+        self.update.run([self.views[i] for i in self.update_order])
+        self.step = step
+        result = {
+            "step": step,
+            "rank": self.comm.rank,
+            "worker": self.group.addresses[self.comm.rank],
+            "fetches": fetches,
+            "compute_seconds": computed - started,
+            "allreduce_wait_seconds": reduced - computed,
+            "update_seconds": time.perf_counter() - reduced,
+            "bytes_sent": self.comm.bytes_sent - sent,
+            "bytes_received": self.comm.bytes_received - received,
+        }
+        if sync and self.comm.rank == 0:
+            result["variables"] = {name: value.copy() for name, value in self.variables.items()}
+        return result
+
+    def _before_waiting(self) -> None:
+        """Waiting for peers while another run shares this worker: leave the thread pool (see
+        :func:`leave_thread_pool`). Alone, the run keeps its thread: nothing else waits for peers."""
+        if len(_REPLICAS) > 1 and self.comm.size > 1:
+            leave_thread_pool()
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+# -- the task functions (what the step graph calls) ----------------------------------------------
+
+_seceded = threading.local()
+
+
+def leave_thread_pool() -> None:
+    """Give this task's slot in the worker's thread pool to the next task while it waits for peers.
+
+    A step task that held its worker's only thread while waiting could deadlock with another run
+    on the same workers (each holding one worker, waiting for the other). The task goes on in
+    its own thread and ends there (``distributed.secede``); a no-op outside a worker, or if done.
+    """
+    if getattr(_seceded, "task", None) is not None and _seceded.task == _current_key():
+        return
+    try:
+        from distributed import secede
+
+        secede()
+    except ValueError:  # not in a worker's task
+        return
+    _seceded.task = _current_key()
+
+
+def _current_key():
+    from distributed.worker import thread_state
+
+    return getattr(thread_state, "key", None)
+
+
+_REPLICAS: dict[str, Replica] = {}
+_LOCK = threading.Lock()
+
+
+def start_replica(program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup, bucket_bytes: int,
+                  *data) -> str:  # fmt: skip
+    """Make this worker's replica of ``group``'s run (dropping older generations of the same run).
+
+    ``data``: one source per feed of the program (see :func:`take_rows`).
+    """
+    run = group.token.rsplit(".", 1)[0]
+    replica = Replica(program, variables, step, group, bucket_bytes, data)
+    with _LOCK:
+        for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
+            _REPLICAS.pop(token).close()
+        _REPLICAS[group.token] = replica
+    return group.addresses[replica.comm.rank]
+
+
+def run_step(token: str, step: int, rows: np.ndarray, offset: int, weight: float, scale, fetch_weight: float,
+             sync: bool, _started) -> dict:  # fmt: skip
+    """One replica's step ``step`` (``_started``: the replica's start task, a dependency for the order)."""
+    replica = _REPLICAS.get(token)
+    if replica is None:
+        raise CollectiveError(f"no replica of run {token!r} on this worker (restarted?)")
+    return replica.run(step, rows, offset, weight, scale, fetch_weight, sync)
+
+
+def stop_replicas(token: str) -> None:
+    """Forget the replicas of ``token``'s run, every generation (run with ``client.run``)."""
+    run = token.rsplit(".", 1)[0]
+    with _LOCK:
+        for t in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
+            _REPLICAS.pop(t).close()
+
+
+def held_variables(token: str) -> dict:
+    """A copy of the variables this worker's replica of ``token`` holds (to compare replicas)."""
+    replica = _REPLICAS.get(token)
+    if replica is None:
+        raise ClusterError(f"no replica of run {token!r} on this worker")
+    return {name: value.copy() for name, value in replica.variables.items()}
