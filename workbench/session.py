@@ -20,7 +20,9 @@ from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
+from workbench.graph.probes import probes, watch
 from workbench.training import History, check_data, check_fit_arguments, is_dask_array
+from workbench.validation import make_validation
 
 
 class Session:
@@ -278,6 +280,8 @@ class Session:
         workers=None,
         backup_replicas: int = 0,
         strategy: str | None = None,
+        validation=None,
+        stats: int | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -308,6 +312,17 @@ class Session:
             flight, steps between host copies of the variables, the workers to use,
             extra shards per step whose slowest are dropped (Chen et al. 2016), and the
             step engine (default ``"parameter_server"``; locally only ``"local"``).
+        validation : tuple (data, every_k_steps), optional
+            Held-out data (placeholder to arrays, as ``data``): every ``every_k_steps``
+            steps the fetches are evaluated on all of it and recorded as ``val_<label>``
+            (locally through the session's plans, on a cluster as an inference task).
+            See :mod:`workbench.validation`.
+        stats : int, optional
+            Every ``stats`` steps, also fetch the model's statistics: each variable's
+            gradient norm, the mean and std of each forward op's output, computed by ops
+            that :func:`workbench.watch` adds to the graph (once; those already added are
+            used as they are). They land in ``History.stats`` and ``Step.stats``, and a
+            ``GraphView`` colours its nodes by them. Local training only.
 
         Returns
         -------
@@ -316,8 +331,9 @@ class Session:
             ``"samples_per_s"`` and each fetch (on a cluster also per-replica
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
-        check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas)
-        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics)
+        check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
+        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats)
+        checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         if self.client is None:
             engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
         else:
@@ -327,7 +343,8 @@ class Session:
             chosen = tuple(workers) if workers is not None else None
             options = ClusterOptions(strategy or DEFAULT_STRATEGY, replicas, window, sync_every, chosen, backup_replicas)
             engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
-        history, final = FitLoop(request, self.events, callback, checkpoint_dir, every).run(engine, self.variables)
+        loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
+        history, final = loop.run(engine, self.variables)
         self.set_variables(final)
         return history
 
@@ -339,8 +356,11 @@ class Session:
             raise ClusterError(f"strategy={strategy!r} {needs}")
         return LocalSteps(self, request)
 
-    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics) -> FitRequest:
+    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
+        if stats is not None and self.client is not None:
+            raise ClusterError("fit(stats=...) is computed by local training only; on a cluster, Step.metrics "
+                               "time each phase (compute, reduce, update)")
         arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:
@@ -358,6 +378,8 @@ class Session:
             seed=self.seed,
             device=self.device,
             check_numerics=check_numerics,
+            stats={} if stats is None else {p.label: p.tensor for p in probes(self.graph) or watch(self._fetch_name(train), graph=self.graph)},
+            stats_every=stats or 0,
         )
 
     def _fit_data(self, data: dict) -> dict:
