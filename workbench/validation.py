@@ -120,6 +120,10 @@ def make_validation(session, validation, fetches: dict, fit_data) -> LocalValida
     """The evaluator of ``fit``'s ``validation`` for ``session`` (``fit_data`` checks the held-out arrays
     as ``fit`` checks its data)."""
     data, every = check_validation(validation, fetches)
-    arrays = fit_data(data)
+    try:
+        arrays = fit_data(data)
+        check_data(arrays)
+    except FeedError as e:
+        raise FeedError(f"fit() validation data: {e}") from None
     kind = LocalValidation if session.client is None else ClusterValidation
     return kind(session, fetches, arrays, every)

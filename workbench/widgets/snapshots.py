@@ -111,10 +111,16 @@ def training_svg(title: str, state: dict) -> str:
         element("rect", x=8, y=26, width=f"{(width - 16) * share:.1f}", height=20, rx=4, fill=bar, opacity=0.85),
         element("text", progress_line(state), x=14, y=40, fill=INK, data_status=state.get("status", "")),
     ]
-    charts = [(label, pts, COLORS[i % len(COLORS)]) for i, (label, pts) in enumerate((state.get("curves") or {}).items())]
-    charts.append(("samples/s", state.get("throughput") or [], "#57606a"))
-    for i, (label, pts, color) in enumerate(charts):
-        body.append(line_chart(8 + (i % 3) * 268, 56 + (i // 3) * 138, label, [(pts, color, False)], x_max=steps))
+    curves = state.get("curves") or {}
+    shown = [(label, pts) for label, pts in curves.items() if not (label.startswith("val_") and label[4:] in curves)]
+    charts = [(label, [(pts, COLORS[i % len(COLORS)], False)]) for i, (label, pts) in enumerate(shown)]
+    for label, series in charts:  # a validation curve over its metric's, dashed
+        if f"val_{label}" in curves:
+            series.append((curves[f"val_{label}"], "#bc4c00", True))
+    charts.append(("samples/s", [(state.get("throughput") or [], "#57606a", False)]))
+    for i, (label, series) in enumerate(charts):
+        title = f"{label} (dashed: validation)" if len(series) > 1 else label
+        body.append(line_chart(8 + (i % 3) * 268, 56 + (i // 3) * 138, title, series, x_max=steps))
     y = 56 + (-(-len(charts) // 3)) * 138
     workers = state.get("workers") or {}
     if workers:
