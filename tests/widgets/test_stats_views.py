@@ -113,3 +113,12 @@ def test_statistics_scope_folds_like_the_gradients():
     wb.watch(train)
     assert "stats" in GraphView(g).collapsed
     assert "stats" in snapshots.graph_svg(GraphView(g).layout, {})
+
+
+def test_statistics_added_after_the_view_was_made_stay_folded():
+    g, train, loss, data = deep()
+    view = GraphView(g, fold_over=10)  # the layers stay open
+    wb.Session(g).fit(train, data, batch_size=16, steps=2, stats=1)  # adds the stats ops to the graph
+    view.toggle("layer1")
+    assert "stats" in view.collapsed and "layer1" in view.collapsed
+    assert not any(n["id"].startswith("stats/") for n in view.layout["nodes"])

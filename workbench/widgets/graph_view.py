@@ -8,7 +8,7 @@ from typing import Any
 
 import traitlets
 
-from workbench.events import Event, FitStarted, NodeState, RunFailed, RunFinished, RunStarted, Step
+from workbench.events import Event, FitFinished, FitStarted, NodeState, RunFailed, RunFinished, RunStarted, Step
 from workbench.graph.core import Graph
 from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
@@ -89,6 +89,8 @@ class GraphView(View):
         self.op_states: dict[str, str] = {}
         self._runs: dict[str, list[str]] = {}  # session token -> ops of its run in progress
         self.names = [op.name for op in graph.operations]
+        self.fold_over = fold_over
+        self._scopes = set(all_scopes(graph))  # scopes ops added later (fit's statistics) start folded
         self.collapsed = sorted(default_collapsed(graph, fold_over) if collapsed is None else collapsed)
         self._relayout()
 
@@ -98,6 +100,13 @@ class GraphView(View):
             self._relayout()
 
     def _relayout(self) -> None:
+        new = set(all_scopes(self.graph)) - self._scopes
+        if new:
+            self._scopes |= new
+            fold = new & set(default_collapsed(self.graph, self.fold_over))
+            if fold - set(self.collapsed):
+                self.collapsed = sorted(set(self.collapsed) | fold)  # lays out again
+                return
         self.layout = graph_layout(self.graph, self.collapsed)
         self.states = group_states(self.op_states, self.collapsed)
         self._show_stats()
@@ -217,6 +226,10 @@ class GraphView(View):
             self.stats.clear()  # a new fit: its own statistics
             self.step = 0
         return False
+
+    @handle.register
+    def _fit_finished(self, event: FitFinished) -> bool:
+        return event.graph == self.graph.token  # show the last statistics now
 
     @handle.register
     def _step(self, event: Step) -> bool:

@@ -276,7 +276,10 @@ function render({ model, el: root }) {
     for (const [id, g] of groups) {
       const shape = g.querySelector(".wb-shape");
       const has = Object.prototype.hasOwnProperty.call(values, id);
-      shape.setAttribute("fill", has ? statColor(values[id], scale) : KIND_FILL[g.__node.kind] || "#fff");
+      const fill = has ? statColor(values[id], scale) : KIND_FILL[g.__node.kind] || "#fff";
+      shape.setAttribute("fill", fill);
+      const light = /, (\d+)%\)$/.exec(fill);  // white text on a dark fill
+      g.classList.toggle("wb-dark", has && (!light || Number(light[1]) < 62));
       if (has) g.setAttribute("data-stat", String(values[id])); else g.removeAttribute("data-stat");
     }
     stats.show();
