@@ -180,8 +180,8 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             # The graph view: every visible node drawn, gradients and the optimizer folded.
             graph = page.locator(".wb-graph").first
             nodes = graph.locator("g.wb-node")
-            assert nodes.count() == 14  # the loss and accuracy ops; the gradients and the optimizer folded
-            assert graph.locator("g.wb-node[data-kind='scope']").count() == 2
+            assert nodes.count() == 15  # the loss and accuracy ops; the gradients, the optimizer, the statistics folded
+            assert graph.locator("g.wb-node[data-kind='scope']").count() == 3
             assert graph.locator("g.wb-node[data-kind='placeholder']").count() == 2
             assert graph.locator("g.wb-node[data-kind='variable']").count() == 2
             assert graph.locator("path.wb-edge").count() >= 9
@@ -191,12 +191,12 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             assert "matmul(x, w)" in graph.locator(".wb-details").inner_text()
             graph.locator("g.wb-node[data-id='gradients']").click()
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 14", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 15", timeout=15_000
             )
             assert graph.locator("g.wb-scope[data-scope='gradients']").count() == 1
             graph.locator("g.wb-scope[data-scope='gradients'] text.wb-box-title").click()  # fold it again for the screenshot
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 14", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 15", timeout=15_000
             )
             wait_for_last_cell(page)
             page.screenshot(path=str(tmp_path / "quickstart.png"))

@@ -143,6 +143,7 @@ class GraphView(View):
         super().follow(view._stream, session=view._session if session is None else session)
         self.stats.clear()  # the statistics of the run that view shows
         self.step = 0
+        self._draw_new_ops()
         self._show_stats()
 
         def picked(change):  # a click on the training view's curves
@@ -222,10 +223,18 @@ class GraphView(View):
 
     @handle.register
     def _fit_started(self, event: FitStarted) -> bool:
-        if event.graph == self.graph.token and event.start == 0:
+        if event.graph != self.graph.token:
+            return False
+        if event.start == 0:
             self.stats.clear()  # a new fit: its own statistics
             self.step = 0
+        self._draw_new_ops()
         return False
+
+    def _draw_new_ops(self) -> None:
+        """Lay out again if ops were added since (a fit's statistics): their new scopes drawn folded."""
+        if set(all_scopes(self.graph)) - self._scopes:
+            self._relayout()
 
     @handle.register
     def _fit_finished(self, event: FitFinished) -> bool:
@@ -261,7 +270,7 @@ class GraphView(View):
             self._show_stats()
 
     def snapshot_state(self):
-        return self.layout, self.states
+        return self.layout, self.states, self.node_stats, self.stat_scale
 
     def render_snapshot(self, state) -> str:
         return snapshots.graph_svg(*state)

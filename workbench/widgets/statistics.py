@@ -90,6 +90,28 @@ class StepStats:
         return {"stat": stat, "lo": lo, "hi": hi, "log": not signed and lo > 0 and hi > 10 * lo, "signed": signed}
 
 
+def stat_fill(value: float, scale: dict) -> str:
+    """The fill of a node whose statistic is ``value`` (as static/graph_view.js's ``statColor``):
+    light to red with its size (on a log scale when ``scale["log"]``), blue below 0 for a signed
+    statistic, dark red for NaN or Inf.
+
+    >>> stat_fill(1.0, {"lo": 1.0, "hi": 100.0, "log": True}), stat_fill(float("nan"), {})
+    ('hsl(40, 70%, 95%)', '#a40e26')
+    """
+    if not math.isfinite(value):
+        return "#a40e26"
+    lo, hi = scale.get("lo", 0.0), scale.get("hi", 0.0)
+    if scale.get("signed"):
+        t = abs(value) / hi if hi > 0 else 0.0
+    elif scale.get("log"):
+        t = (math.log10(max(value, lo)) - math.log10(lo)) / max(math.log10(hi) - math.log10(lo), 1e-12)
+    else:
+        t = (value - lo) / (hi - lo) if hi > lo else 0.5
+    t = min(max(t, 0.0), 1.0)
+    hue = 212 if scale.get("signed") and value < 0 else 40 - 38 * t
+    return f"hsl({hue:.0f}, {70 + 20 * t:.0f}%, {95 - 50 * t:.0f}%)"
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
