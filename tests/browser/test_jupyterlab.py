@@ -228,6 +228,7 @@ def save_readme_screenshot(page, path) -> None:
             document.querySelectorAll('.jp-Notebook .jp-Cell.jp-mod-selected, .jp-mod-active')
                 .forEach((c) => c.classList.remove('jp-mod-selected', 'jp-mod-active'));
             document.querySelector('.jp-Notebook').scrollTop = 0;
+            document.querySelectorAll('.jp-WindowedPanel-outer').forEach((e) => { e.scrollTop = 0; });
         }"""
     )
     cells = page.locator(".jp-Notebook .jp-Cell:visible")

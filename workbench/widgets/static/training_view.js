@@ -78,6 +78,7 @@ function chart(label, points, color, steps, { log = false, smoothing = 0, val = 
     el("path", { class: "wb-line wb-val", d: path(vals), stroke: vc, "stroke-dasharray": "4 2" }, svg);
     for (const [x, y] of vals) el("circle", { class: "wb-val-point", cx: sx(x), cy: sy(y), r: 2.2, fill: vc }, svg);
     const legend = el("g", { class: "wb-chart-legend" }, svg);
+    el("rect", { x: W - R - 74, y: T - 2, width: 72, height: 24, rx: 3, class: "wb-legend-box" }, legend);
     [["train", color, ""], ["validation", vc, "4 2"]].forEach(([name, c, dash], i) => {
       const y = T + 6 + i * 11, x = W - R - 70;
       el("line", { x1: x, y1: y - 3, x2: x + 14, y2: y - 3, stroke: c, "stroke-width": 2, "stroke-dasharray": dash }, legend);
