@@ -313,16 +313,11 @@ class Session:
             extra shards per step whose slowest are dropped (Chen et al. 2016), and the
             step engine (default ``"parameter_server"``; locally only ``"local"``).
         validation : tuple (data, every_k_steps), optional
-            Held-out data (placeholder to arrays, as ``data``): every ``every_k_steps``
-            steps the fetches are evaluated on all of it and recorded as ``val_<label>``
-            (locally through the session's plans, on a cluster as an inference task).
-            See :mod:`workbench.validation`.
+            Held-out data (as ``data``) on which the fetches are evaluated every k steps,
+            recorded as ``val_<label>`` (see :mod:`workbench.validation`).
         stats : int, optional
-            Every ``stats`` steps, also fetch the model's statistics: each variable's
-            gradient norm, the mean and std of each forward op's output, computed by ops
-            that :func:`workbench.watch` adds to the graph (once; those already added are
-            used as they are). They land in ``History.stats`` and ``Step.stats``, and a
-            ``GraphView`` colours its nodes by them. Local training only.
+            Every ``stats`` steps, also fetch the statistic ops :func:`workbench.watch` adds
+            (gradient norms, activation mean/std) into ``History.stats``. Local training only.
 
         Returns
         -------
@@ -378,9 +373,14 @@ class Session:
             seed=self.seed,
             device=self.device,
             check_numerics=check_numerics,
-            stats={} if stats is None else {p.label: p.tensor for p in probes(self.graph) or watch(self._fetch_name(train), graph=self.graph)},
+            stats={} if stats is None else self._probes(train),
             stats_every=stats or 0,
         )
+
+    def _probes(self, train) -> dict[str, str]:
+        """Label to tensor of the graph's statistic ops (:func:`workbench.watch`'s defaults if it has none)."""
+        found = probes(self.graph) or watch(self._fetch_name(train), graph=self.graph)
+        return {p.label: p.tensor for p in found}
 
     def _fit_data(self, data: dict) -> dict:
         """Placeholder name to checked examples (dask arrays cast lazily)."""

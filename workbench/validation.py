@@ -32,13 +32,15 @@ from workbench.training import check_data, is_dask_array
 def check_validation(validation, fetches: dict) -> tuple[dict, int]:
     """``(data, every)`` of ``fit``'s ``validation`` argument, or ArgumentError / FeedError."""
     if not isinstance(validation, (tuple, list)) or len(validation) != 2:
-        got = f"a {type(validation).__name__} of {len(validation)}" if isinstance(validation, (tuple, list)) else repr(validation)
+        sequence = isinstance(validation, (tuple, list))
+        got = f"a {type(validation).__name__} of {len(validation)}" if sequence else repr(validation)
         raise ArgumentError(f"fit() validation must be a tuple (data, every_k_steps), got {got}")
     data, every = validation
     if isinstance(every, (bool, np.bool_)) or not _is_int(every) or operator.index(every) < 1:
         raise ArgumentError(f"fit() validation's every_k_steps must be a positive integer, got {every!r}")
     if not isinstance(data, dict) or not data:
-        raise FeedError(f"fit() validation data must be a non-empty dict from placeholders to arrays, got {type(data).__name__}")
+        kind = type(data).__name__
+        raise FeedError(f"fit() validation data must be a non-empty dict from placeholders to arrays, got {kind}")
     if not fetches:
         raise ArgumentError("fit() validation evaluates the fetches on the held-out data: give fetches= too")
     return data, operator.index(every)

@@ -70,7 +70,8 @@ def check_stats(stats) -> tuple[str, ...]:
     stats = (stats,) if isinstance(stats, str) else tuple(stats)
     unknown = [s for s in stats if s not in STATS]
     if unknown or not stats:
-        raise ArgumentError(f"unknown statistic {unknown[0] if unknown else stats!r}; statistics are {', '.join(STATS)}")
+        named = unknown[0] if unknown else stats
+        raise ArgumentError(f"unknown statistic {named!r}; statistics are {', '.join(STATS)}")
     return stats
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import traitlets
 
-from workbench.events import Event, FitFinished, FitStarted, NodeState, RunFailed, RunFinished, RunStarted, Step
+from workbench.events import ROOT, Event, FitFinished, FitStarted, NodeState, RunFailed, RunFinished, RunStarted, Step
 from workbench.graph.core import Graph
 from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
@@ -129,17 +129,17 @@ class GraphView(View):
         self.step = self.stats.nearest(int(step))
         return self.step
 
-    def follow(self, source=None, session=None):
-        """Follow ``source``: an event stream (by default every session's, optionally only ``session``'s),
-        or a :class:`~workbench.widgets.TrainingView`, whose stream this view then follows and whose
-        selected step it shows (and sets, from the scrubber)."""
+    def follow(self, stream=ROOT, session=None):
+        """Follow ``stream``: an event stream (by default every session's; only ``session``'s events when
+        given), or a :class:`~workbench.widgets.TrainingView`, whose stream this view then follows and
+        whose selected step it shows (and sets, from the scrubber)."""
         from workbench.widgets.training_view import TrainingView
 
-        if not isinstance(source, TrainingView):
-            return super().follow(*(() if source is None else (source,)), session=session)
+        if not isinstance(stream, TrainingView):
+            return super().follow(stream, session=session)
         for unobserve in self._linked:
             unobserve()
-        view = source
+        view = stream
         super().follow(view._stream, session=view._session if session is None else session)
         self.stats.clear()  # the statistics of the run that view shows
         self.step = 0
