@@ -20,7 +20,7 @@ LAYERS = [
     ("checkpoints", ["workbench.checkpoint"]),
     ("devices and the training loop", ["workbench.gpu", "workbench.devices", "workbench.fitloop"]),
     ("cluster", ["workbench.cluster"]),
-    ("session", ["workbench.session"]),
+    ("session", ["workbench.session", "workbench.validation"]),
     ("studies", ["workbench.scaling"]),
     ("notebook surface", ["workbench.widgets", "workbench.dashboard", "workbench.notebook", "workbench.magics", "workbench"]),
     ("demo", ["workbench.demo"]),

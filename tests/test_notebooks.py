@@ -87,7 +87,8 @@ def execute(name: str, folder: Path):
 # What each notebook's saved pictures show, picture by picture in order (texts that one picture holds):
 # the final state of every view, drawn without a kernel.
 PICTURES = {
-    "quickstart.ipynb": [("graph mlp · 14 nodes",), ("graph mlp · 14 nodes",),
+    "quickstart.ipynb": [("graph mlp · 15 nodes", "colour: gradient norm at step 300"),
+                         ("graph mlp · 15 nodes", "colour: gradient norm at step 300"),
                          ("training · 300 steps · done", "step 300 / 300 (100%)")],
     "distributed.ipynb": [("graph mlp",), ("training · 30 steps · done",), ("Dask cluster tcp://", "new sessions run on"),
                           ("training · 30 steps · done", "2 replicas"), ("default cluster closed",)],

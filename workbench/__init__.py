@@ -39,6 +39,7 @@ from workbench.graph import (
     reset_default_graph,
 )
 from workbench.graph.precision import mixed_precision
+from workbench.graph.probes import watch
 from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench import cluster
@@ -62,7 +63,7 @@ __all__ = [
     "FileError", "FormatError", "GradientError", "Graph", "GraphError", "History", "NumericsError", "Operation",
     "PathError", "Session", "accuracy", "metrics",
     "ShapeError", "Tensor", "Variable", "WorkbenchError", "get_default_graph", "gradients", "group",
-    "mixed_precision", "name_scope", "optimizers", "reset_default_graph", "ScalingStudy", "scaling_study", "cluster",
+    "mixed_precision", "name_scope", "optimizers", "watch", "reset_default_graph", "ScalingStudy", "scaling_study", "cluster",
     *_PUBLIC_OPS,
 ]  # fmt: skip
 

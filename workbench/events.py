@@ -145,6 +145,10 @@ class Step(Event):
         What the step engine measured. Cluster engines report ``replicas``,
         ``compute_seconds``, ``reduce_seconds``, ``update_seconds``, ``workers``
         (busy seconds per worker address), ``bytes_moved`` and ``dropped``.
+    stats : mapping
+        On the steps where ``fit(..., stats=k)`` fetched them: the model's statistics by
+        ``"<op>/<stat>"`` (see :mod:`workbench.graph.probes`); empty on other steps. Not
+        part of :meth:`record` (:attr:`workbench.History.stats` keeps them).
     """
 
     kind: ClassVar[str] = "step"
@@ -153,6 +157,7 @@ class Step(Event):
     samples_per_s: float = 0.0
     fetches: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, Any] = field(default_factory=dict)
+    stats: Mapping[str, float] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         """The flat record :class:`workbench.History` keeps for this step."""
@@ -174,6 +179,24 @@ class Step(Event):
         fetches = dict(known.pop("fetches", {}))
         fetches.update(values)
         return cls(fetches=fetches, **known)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Validated(Event):
+    """``fit(..., validation=(data, k))`` evaluated the fetches on the held-out data after ``step``.
+
+    ``fetches`` holds the values by the fetches' labels (``History`` records them as
+    ``val_<label>``); ``examples`` is the size of the held-out data.
+    """
+
+    kind: ClassVar[str] = "validated"
+    step: int = 0
+    fetches: Mapping[str, Any] = field(default_factory=dict)
+    examples: int = 0
+
+    def record(self) -> dict[str, Any]:
+        """The fields :class:`workbench.History` adds to the step's record: ``val_<label>``."""
+        return {f"val_{label}": value for label, value in self.fetches.items()}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,7 +274,7 @@ class GraphCapture(Event):
 #: Every event class by its ``kind``.
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (PlanCompiled, RunStarted, RunFinished, RunFailed, FitStarted, Step, Synced, Restarted,
+    for cls in (PlanCompiled, RunStarted, RunFinished, RunFailed, FitStarted, Step, Validated, Synced, Restarted,
                 FitFinished, NodeState, ScalingStarted, ScalingPoint, ScalingFinished, GraphCapture)
 }
 Listener = Callable[[Event], None]

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.events import EventStream, FitFinished, FitStarted, Step
+from workbench.events import EventStream, FitFinished, FitStarted, Step, Validated
 from workbench.training import History, batch_indices
 
 
@@ -48,12 +48,15 @@ class StepOutcome:
     seconds : float, optional
         The step's own duration when the engine knows it; else the loop takes the
         time since the previous outcome (steps in flight overlap on a cluster).
+    stats : mapping
+        The request's ``stats`` by label, on the steps where they are due (else empty).
     """
 
     step: int
     fetches: Mapping[str, Any] = field(default_factory=dict)
     metrics: Mapping[str, Any] = field(default_factory=dict)
     seconds: float | None = None
+    stats: Mapping[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -105,6 +108,11 @@ class FitRequest:
     device : Device
         The session's device; cluster engines open one of its ``kind`` on each worker.
     check_numerics : bool
+    stats : dict
+        Label (``"<op>/<stat>"``) to the scalar tensor of a statistic
+        (:mod:`workbench.graph.probes`), fetched with the step every ``stats_every`` steps.
+    stats_every : int
+        0: no statistics.
     """
 
     graph: Any
@@ -117,6 +125,12 @@ class FitRequest:
     seed: int
     device: Any
     check_numerics: bool = False
+    stats: dict = field(default_factory=dict)
+    stats_every: int = 0
+
+    def stats_due(self, step: int) -> bool:
+        """Whether step ``step`` (1-based) also fetches :attr:`stats`."""
+        return bool(self.stats) and self.stats_every > 0 and step % self.stats_every == 0
 
 
 class FitLoop:
@@ -132,6 +146,10 @@ class FitLoop:
     checkpoint_dir : path, optional
         Resume from the newest checkpoint there, and write one every
         ``checkpoint_every`` steps and at the last step.
+    validation : Validation, optional
+        Evaluates the fetches on held-out data every ``validation.every`` steps, from the
+        engine's variables of that step (see :mod:`workbench.validation`); the loop adds
+        ``val_<label>`` to that step's record and emits :class:`~workbench.events.Validated`.
     """
 
     def __init__(
@@ -141,15 +159,21 @@ class FitLoop:
         callback: Callable[[dict], Any] | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
+        validation=None,
     ):
         self.request, self.events, self.callback = request, events, callback
         self.checkpoint_dir = checkpoint_dir
         self.every = checkpoint_every or request.steps
+        self.validation = validation
         self.history = History()
 
     def sync_at(self, step: int) -> bool:
         """Whether the loop writes a checkpoint after ``step`` (so the engine brings it home)."""
         return self.checkpoint_dir is not None and (step % self.every == 0 or step == self.request.steps)
+
+    def host_at(self, step: int) -> bool:
+        """Whether the engine brings ``step``'s variables home: to checkpoint or to validate them."""
+        return self.sync_at(step) or (self.validation is not None and step % self.validation.every == 0)
 
     def resume(self, variables: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """``variables`` updated from the newest checkpoint (if any), and its step (else 0)."""
@@ -181,11 +205,11 @@ class FitLoop:
                 scheduler=getattr(engine, "scheduler", None),
             )
             last = time.perf_counter()
-            for outcome in engine.run(start + 1, req.steps, self.sync_at):
+            for outcome in engine.run(start + 1, req.steps, self.host_at):
                 now = time.perf_counter()
                 seconds = outcome.seconds if outcome.seconds is not None else now - last
                 last = now
-                self._record(outcome, seconds)
+                self._record(outcome, seconds, engine)
                 if self.sync_at(outcome.step):
                     self._checkpoint(engine, outcome.step)
             final, _ = engine.variables()
@@ -194,7 +218,7 @@ class FitLoop:
         self.events.emit(FitFinished, steps=req.steps, restarts=engine.restarts)
         return self.history, final
 
-    def _record(self, outcome: StepOutcome, seconds: float) -> None:
+    def _record(self, outcome: StepOutcome, seconds: float, engine: StepEngine) -> None:
         rate = self.request.batch_size / seconds if seconds > 0 else float("inf")
         tags = self.events.tags
         event = Step(
@@ -205,10 +229,19 @@ class FitLoop:
             samples_per_s=rate,
             fetches=dict(outcome.fetches),
             metrics=dict(outcome.metrics),
+            stats=dict(outcome.stats),
         )
         record = event.record()
+        validated = None
+        if self.validation is not None and outcome.step % self.validation.every == 0:
+            validated = Validated(**tags, **self.validation.evaluate(engine, outcome.step))
+            record.update(validated.record())
         self.history.append(record)
+        if outcome.stats:
+            self.history.stats[outcome.step] = dict(outcome.stats)
         self.events.emit(event)
+        if validated is not None:
+            self.events.emit(validated)
         if self.callback is not None:
             self.callback(record)
 
@@ -248,10 +281,13 @@ class LocalSteps:
         for step, idx in enumerate(indices, start=first):
             started = time.perf_counter()
             batch = {name: a[idx] for name, a in req.data.items()}
-            values = run(names, batch, check_numerics=req.check_numerics, step=step - 1)
+            probed = names + list(req.stats.values()) if req.stats_due(step) else names
+            values = run(probed, batch, check_numerics=req.check_numerics, step=step - 1)
             elapsed = time.perf_counter() - started
             self.step = step
-            yield StepOutcome(step, dict(zip(labels, map(_scalar, values[1:]))), seconds=elapsed)
+            fetched, stats = values[1 : len(names)], values[len(names) :]
+            yield StepOutcome(step, dict(zip(labels, map(_scalar, fetched))), seconds=elapsed,
+                              stats=dict(zip(req.stats, map(_scalar, stats))))  # fmt: skip
 
     def variables(self) -> tuple[dict[str, np.ndarray], int]:
         return self.session.variables, self.step

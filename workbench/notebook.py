@@ -62,7 +62,7 @@ def installed() -> bool:
 def _on_event(stream: EventStream, event: Event) -> None:
     if not isinstance(event, (FitStarted, ScalingStarted)):
         return
-    from workbench.widgets import ScalingView, TrainingView  # widgets only when needed
+    from workbench.widgets import ScalingView, TrainingView, link_shown  # widgets only when needed
 
     _hook["views"] = {k: v for k, v in _hook["views"].items() if v.following}
     key = (event.kind, event.session)
@@ -71,6 +71,7 @@ def _on_event(stream: EventStream, event: Event) -> None:
         old.stop()
     if isinstance(event, FitStarted):
         view = TrainingView(title=f"training · {event.steps} steps").follow(stream, event.session)
+        link_shown(view, event.graph)  # graph views of this model show its statistics at the step clicked
     else:
         view = ScalingView().follow(stream, event.session)
     view.handle(event)  # it subscribed after this event was sent

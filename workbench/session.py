@@ -20,7 +20,9 @@ from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
+from workbench.graph.probes import probes, watch
 from workbench.training import History, check_data, check_fit_arguments, is_dask_array
+from workbench.validation import make_validation
 
 
 class Session:
@@ -278,6 +280,8 @@ class Session:
         workers=None,
         backup_replicas: int = 0,
         strategy: str | None = None,
+        validation=None,
+        stats: int | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -308,6 +312,12 @@ class Session:
             flight, steps between host copies of the variables, the workers to use,
             extra shards per step whose slowest are dropped (Chen et al. 2016), and the
             step engine (default ``"parameter_server"``; locally only ``"local"``).
+        validation : tuple (data, every_k_steps), optional
+            Held-out data (as ``data``) on which the fetches are evaluated every k steps,
+            recorded as ``val_<label>`` (see :mod:`workbench.validation`).
+        stats : int, optional
+            Every ``stats`` steps, also fetch the statistic ops :func:`workbench.watch` adds
+            (gradient norms, activation mean/std) into ``History.stats``. Local training only.
 
         Returns
         -------
@@ -316,8 +326,9 @@ class Session:
             ``"samples_per_s"`` and each fetch (on a cluster also per-replica
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
         """
-        check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas)
-        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics)
+        check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
+        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats)
+        checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         if self.client is None:
             engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
         else:
@@ -327,7 +338,8 @@ class Session:
             chosen = tuple(workers) if workers is not None else None
             options = ClusterOptions(strategy or DEFAULT_STRATEGY, replicas, window, sync_every, chosen, backup_replicas)
             engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
-        history, final = FitLoop(request, self.events, callback, checkpoint_dir, every).run(engine, self.variables)
+        loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
+        history, final = loop.run(engine, self.variables)
         self.set_variables(final)
         return history
 
@@ -339,8 +351,11 @@ class Session:
             raise ClusterError(f"strategy={strategy!r} {needs}")
         return LocalSteps(self, request)
 
-    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics) -> FitRequest:
+    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
+        if stats is not None and self.client is not None:
+            raise ClusterError("fit(stats=...) is computed by local training only; on a cluster, Step.metrics "
+                               "time each phase (compute, reduce, update)")
         arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:
@@ -358,7 +373,14 @@ class Session:
             seed=self.seed,
             device=self.device,
             check_numerics=check_numerics,
+            stats={} if stats is None else self._probes(train),
+            stats_every=stats or 0,
         )
+
+    def _probes(self, train) -> dict[str, str]:
+        """Label to tensor of the graph's statistic ops (:func:`workbench.watch`'s defaults if it has none)."""
+        found = probes(self.graph) or watch(self._fetch_name(train), graph=self.graph)
+        return {p.label: p.tensor for p in found}
 
     def _fit_data(self, data: dict) -> dict:
         """Placeholder name to checked examples (dask arrays cast lazily)."""

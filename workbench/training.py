@@ -34,11 +34,11 @@ def batch_indices(num_examples: int, batch_size: int, steps: int, seed, start: i
         yield np.sort(order[k * batch_size : (k + 1) * batch_size])
 
 
-def check_fit_arguments(batch_size, steps=None, epochs=None, checkpoint_every=None, replicas=None) -> None:
+def check_fit_arguments(batch_size, steps=None, epochs=None, checkpoint_every=None, replicas=None, stats=None) -> None:
     """ArgumentError naming the first of ``fit``'s counts that is not a positive integer
     (None stands for a default and is accepted, except for ``batch_size``)."""
     counts = {"batch_size": batch_size, "steps": steps, "epochs": epochs,
-              "checkpoint_every": checkpoint_every, "replicas": replicas}  # fmt: skip
+              "checkpoint_every": checkpoint_every, "replicas": replicas, "stats": stats}  # fmt: skip
     for name, value in counts.items():
         if value is None and name != "batch_size":
             continue
@@ -80,20 +80,30 @@ class History:
     """What a training run did: one record (a dict) per step.
 
     Each record holds ``"step"`` (1-based), ``"time"`` (seconds), ``"samples_per_s"``
-    and the value of each fetch by its name.
+    and the value of each fetch by its name. With ``fit(..., validation=(data, k))``
+    every k-th record also holds ``"val_<label>"`` for each fetch; with
+    ``fit(..., stats=k)``, :attr:`stats` maps every k-th step to the model's statistics
+    (``{"<op>/<stat>": value}``, see :mod:`workbench.graph.probes`).
     """
 
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
+        self.stats: dict[int, dict[str, float]] = {}
 
     def append(self, record: dict[str, Any]) -> None:
         self.records.append(record)
 
     def __getitem__(self, key: str) -> np.ndarray:
-        """All steps' values of one field, as an array."""
-        if not self.records or key not in self.records[-1]:
-            raise KeyError(f"no field {key!r}; fields are {sorted(self.records[-1]) if self.records else []}")
-        return np.asarray([r[key] for r in self.records])
+        """The values of one field, as an array: every step's, or for a field recorded every k steps
+        (``val_loss``) the steps that have it (:meth:`series` gives those steps too)."""
+        return self.series(key)[1]
+
+    def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(steps, values)`` of the records that hold ``key``; KeyError when none does."""
+        held = [(r.get("step", i + 1), r[key]) for i, r in enumerate(self.records) if key in r]
+        if not held:
+            raise KeyError(f"no field {key!r}; fields are {sorted(self.fields)}")
+        return np.asarray([s for s, _ in held]), np.asarray([v for _, v in held])
 
     def __len__(self) -> int:
         return len(self.records)

@@ -180,8 +180,8 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             # The graph view: every visible node drawn, gradients and the optimizer folded.
             graph = page.locator(".wb-graph").first
             nodes = graph.locator("g.wb-node")
-            assert nodes.count() == 14  # the loss and accuracy ops; the gradients and the optimizer folded
-            assert graph.locator("g.wb-node[data-kind='scope']").count() == 2
+            assert nodes.count() == 15  # the loss and accuracy ops; the gradients, the optimizer, the statistics folded
+            assert graph.locator("g.wb-node[data-kind='scope']").count() == 3
             assert graph.locator("g.wb-node[data-kind='placeholder']").count() == 2
             assert graph.locator("g.wb-node[data-kind='variable']").count() == 2
             assert graph.locator("path.wb-edge").count() >= 9
@@ -191,12 +191,12 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             assert "matmul(x, w)" in graph.locator(".wb-details").inner_text()
             graph.locator("g.wb-node[data-id='gradients']").click()
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 14", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 15", timeout=15_000
             )
             assert graph.locator("g.wb-scope[data-scope='gradients']").count() == 1
             graph.locator("g.wb-scope[data-scope='gradients'] text.wb-box-title").click()  # fold it again for the screenshot
             page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 14", timeout=15_000
+                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 15", timeout=15_000
             )
             wait_for_last_cell(page)
             page.screenshot(path=str(tmp_path / "quickstart.png"))
@@ -228,6 +228,7 @@ def save_readme_screenshot(page, path) -> None:
             document.querySelectorAll('.jp-Notebook .jp-Cell.jp-mod-selected, .jp-mod-active')
                 .forEach((c) => c.classList.remove('jp-mod-selected', 'jp-mod-active'));
             document.querySelector('.jp-Notebook').scrollTop = 0;
+            document.querySelectorAll('.jp-WindowedPanel-outer').forEach((e) => { e.scrollTop = 0; });
         }"""
     )
     cells = page.locator(".jp-Notebook .jp-Cell:visible")
@@ -533,3 +534,79 @@ def test_dashboard_workbench_page_follows_a_fit(tmp_path):
         wb.cluster.close(client)
     assert not errors, errors
     assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+STATS_NOTEBOOK = [
+    "%load_ext workbench",
+    "%%flow deep\n"
+    "h = placeholder('x', shape=(None, 64))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "for i, units in enumerate([32, 16, 10], start=1):\n"
+    "    with name_scope(f'layer{i}'):\n"
+    "        h = matmul(h, variable('w', shape=(h.shape[1], units), init='glorot_uniform')) + variable('b', shape=(units,))\n"
+    "        h = relu(h) if i < 3 else h\n"
+    "loss = mean(softmax_cross_entropy(h, y))\nacc = accuracy(h, y)\ntrain = SGD(0.2).minimize(loss)",
+    "import workbench as wb\nfrom sklearn.datasets import load_digits\ndigits = load_digits()\n"
+    "x, y = (digits.data / 16).astype('float32'), digits.target\n"
+    "x_train = x[:1400].copy()\nx_train[::97] *= 30  # a few corrupted images: the batches holding them spike\n"
+    "sess = wb.Session(deep, seed=0)\n"
+    "history = sess.fit(deep.train, data={'x': x_train, 'y': y[:1400]}, batch_size=32, steps=120,"
+    " fetches={'loss': deep.loss, 'accuracy': deep.acc}, validation=({'x': x[1400:], 'y': y[1400:]}, 10), stats=2)",
+    "norms = {s: v['layer1/w/grad_norm'] for s, v in history.stats.items()}\nspike = max(norms, key=norms.get)\n"
+    "print(f'spike at step {spike}: {norms[spike]:.6g}')",
+]
+
+
+def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
+    with notebook_page(lab, "stats", STATS_NOTEBOOK, height=1500) as page:
+        training = page.locator(".wb-training").first
+        training.locator(".wb-progress[data-status='done']").wait_for(timeout=90_000)
+        wait_for_last_cell(page)
+        printed = page.locator(".jp-OutputArea-output", has_text="spike at step").first.inner_text()
+        spike, norm = re.search(r"spike at step (\d+): (\S+)", printed).groups()
+        spike, norm = int(spike), float(norm)
+
+        # The validation curve in the loss chart, with a legend; and in the accuracy chart.
+        loss = training.locator("svg[data-curve='loss']")
+        assert loss.locator("path.wb-val").count() == 1 and loss.locator("circle.wb-val-point").count() == 12
+        assert loss.locator(".wb-legend-item").all_text_contents() == ["train", "validation"]
+        assert training.locator("svg[data-curve='accuracy'] path.wb-val").count() == 1
+        assert " · val " in loss.locator("text").first.text_content()
+
+        # The graph view of the %%flow cell: linked to the fit, filled by each layer's gradient norm.
+        graph = page.locator(".wb-view").filter(has=page.locator(".wb-graph")).first
+        bar = graph.locator(".wb-stats")
+        assert bar.is_visible() and graph.locator("select.wb-stat").input_value() == "grad_norm"
+        assert graph.locator("g.wb-node[data-stat]").count() == 3  # the three folded layers
+        assert bar.locator(".wb-stat-step").get_attribute("data-step") == "120"
+        page.screenshot(path=str(tmp_path / "stats-latest.png"))
+
+        # Clicking the loss curve at the spike shows that step's statistics: layer1's gradient norm blew up.
+        box = loss.bounding_box()
+        x = 44 + (spike - 1) / (120 - 1) * (260 - 44 - 8)  # the chart's own x scale (260 px wide, margins 44 and 8)
+        loss.click(position={"x": x * box["width"] / 260, "y": 60})
+        page.wait_for_function("(s) => document.querySelector('.wb-stats .wb-stat-step').dataset.step === String(s)",
+                               arg=spike, timeout=15_000)  # fmt: skip
+        assert training.locator(f"svg[data-curve='loss'] line.wb-marker[data-step='{spike}']").count() == 1
+        layer1 = graph.locator("g.wb-node[data-id='layer1']")
+        assert float(layer1.get_attribute("data-stat")) == pytest.approx(norm, rel=1e-4)
+        values = [float(v) for v in graph.locator("g.wb-node[data-stat]").evaluate_all(
+            "(nodes) => nodes.map((n) => n.dataset.stat)")]  # fmt: skip
+        assert max(values) == float(layer1.get_attribute("data-stat"))
+        layer1.click()  # a folded scope opens: its variables show their own norms, the statistics ops stay folded
+        graph.locator("g.wb-node[data-id='layer1/w'][data-stat]").wait_for(timeout=15_000)
+        assert float(graph.locator("g.wb-node[data-id='layer1/w']").get_attribute("data-stat")) == pytest.approx(norm, rel=1e-4)
+        assert graph.locator("g.wb-node[data-kind='scope'][data-id='stats']").count() == 1
+        graph.locator("g.wb-node[data-id='layer1/w']").click()  # its details name the statistic
+        assert f"gradient norm at step {spike}" in graph.locator(".wb-details").inner_text()
+        graph.scroll_into_view_if_needed()
+        page.screenshot(path=str(tmp_path / "stats-spike.png"))
+
+        # The scrubber: the first recorded step, marked on the training view's curves too.
+        graph.locator("input.wb-scrubber").evaluate("(s) => { s.value = '0'; s.dispatchEvent(new Event('input')); }")
+        training.locator("line.wb-marker[data-step='2']").first.wait_for(state="attached", timeout=15_000)
+        assert bar.locator(".wb-stat-step").get_attribute("data-step") == "2"
+        graph.locator("select.wb-stat").select_option("std")
+        page.wait_for_function("() => document.querySelector('.wb-stats .wb-stat-scale').textContent.includes('activation std')",
+                               timeout=15_000)  # fmt: skip
+        assert graph.locator("g.wb-node[data-stat]").count() >= 3
+        page.screenshot(path=str(tmp_path / "stats-scrubbed.png"))

@@ -62,6 +62,21 @@ def run_chunk(program: InferenceProgram, variables: dict, constants: tuple, *chu
     return tuple(np.asarray(device.to_host(v)) for v in fetched)
 
 
+def run_whole(program: InferenceProgram, variables: dict, *arrays) -> tuple:
+    """The fetches on whole arrays (one per ``program.constants``): a task of ``fit``'s validation."""
+    return run_chunk(program, variables, arrays)
+
+
+def inference_program(graph: Graph, fetches: tuple, chunked: tuple, constants: tuple, seed: int,
+                      device: tuple) -> InferenceProgram:  # fmt: skip
+    """The program of ``graph`` (pruned and optimized already) for ``fetches``, fed ``chunked``
+    placeholders chunk by chunk and ``constants`` whole; ``device`` is the session's ``(kind, options)``."""
+    text = graph.to_json()
+    kind, options = worker_device(*device)
+    digest = hashlib.sha1("\0".join([text, *fetches, *chunked, *constants, kind, repr(options)]).encode()).hexdigest()[:16]
+    return InferenceProgram(text, fetches, chunked, constants, seed, digest, kind, options)
+
+
 def run_sharded(
     graph: Graph, fetches: list[Tensor], feeds: dict, variables: dict, seed: int = 0, device: tuple = ("cpu", {})
 ) -> list:
@@ -89,11 +104,8 @@ def run_sharded(
         if value.shape[0] != first.shape[0]:
             raise FeedError(f"placeholder {name!r} gets {value.shape[0]} rows, but others get {first.shape[0]}")
         arrays.append(value.rechunk({0: lengths, **{i: -1 for i in range(1, value.ndim)}}))
-    text = graph.to_json()
     names = tuple(t.name for t in fetches)
-    kind, options = worker_device(*device)
-    digest = hashlib.sha1("\0".join([text, *names, *chunked, *constants, kind, repr(options)]).encode()).hexdigest()[:16]
-    program = InferenceProgram(text, names, tuple(chunked), tuple(constants), seed, digest, kind, options)
+    program = inference_program(graph, names, tuple(chunked), tuple(constants), seed, device)
     shared_program = dask.delayed(program, pure=True)
     shared_variables = dask.delayed(variables, pure=False)
     shared_constants = dask.delayed(tuple(constants.values()), pure=True)

@@ -108,12 +108,12 @@ class View(Snapshot, anywidget.AnyWidget):
         self.clock = clock
         self.throttle = Throttle(self._sync, max_rate=self.max_rate, clock=clock)
         self._unsubscribe: Callable[[], None] | None = None
-        self._session = None
+        self._session, self._stream = None, ROOT
 
     def follow(self, stream: EventStream = ROOT, session=None):
         """Update from ``stream``'s events (only those whose ``session`` token is ``session``, when given)."""
         self.stop()
-        self._session = session
+        self._session, self._stream = session, stream
         self._unsubscribe = stream.subscribe(self._on_event)
         return self
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any
 
 import traitlets
 
-from workbench.events import Event, NodeState, RunFailed, RunFinished, RunStarted
+from workbench.events import ROOT, Event, FitFinished, FitStarted, NodeState, RunFailed, RunFinished, RunStarted, Step
 from workbench.graph.core import Graph
 from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
+from workbench.widgets.statistics import TITLES, StepStats
 from workbench.widgets.layout import (
     FOLD_OVER,
     all_scopes,
@@ -37,6 +39,15 @@ class GraphView(View):
     when its events carry this graph's token (:attr:`Graph.token`), whatever
     other graphs with the same op names do.
 
+    During ``fit(..., stats=k)`` the nodes are also filled by a statistic of the
+    model (:attr:`stat`: each variable's gradient norm, or the mean or std of each
+    op's output), fetched every k steps; a scrubber (slider) picks the step shown
+    (:attr:`step`, 0: the latest). ``view.follow(training_view)`` links it to a
+    :class:`~workbench.widgets.TrainingView`: clicking its loss curve shows that
+    step's statistics here, and moving the scrubber marks the step there. In a
+    notebook, a view of the graph that is showing links itself to the TrainingView
+    of each new fit.
+
     >>> import workbench as wb
     >>> g = wb.Graph(name="g")
     >>> with g.as_default():
@@ -58,13 +69,28 @@ class GraphView(View):
     #: Scale of the drawing; with ``fit`` the front end sets it so the drawing fits the view's width.
     zoom = traitlets.Float(1.0, min=0.01, max=4.0).tag(sync=True)
     fit = traitlets.Bool(True).tag(sync=True)
+    #: The statistic the nodes are filled by ("grad_norm", "mean", "std"; "" for none).
+    stat = traitlets.Unicode("").tag(sync=True)
+    #: The step whose statistics are shown (one of :attr:`stat_steps`; 0: the latest).
+    step = traitlets.Int(0).tag(sync=True)
+    #: Steps with statistics, the statistics present, the shown values by visible node, their colour scale.
+    stat_steps = traitlets.List(traitlets.Int()).tag(sync=True)
+    stat_kinds = traitlets.List(traitlets.Unicode()).tag(sync=True)
+    node_stats = traitlets.Dict().tag(sync=True)
+    stat_scale = traitlets.Dict().tag(sync=True)
 
-    def __init__(self, graph: Graph, collapsed=None, fold_over: int = FOLD_OVER, **kwargs: Any) -> None:
+    def __init__(self, graph: Graph, collapsed=None, fold_over: int = FOLD_OVER, stat: str = "", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.stats = StepStats()
+        self._linked: list = []  # unobserve callbacks of a linked TrainingView
         self.graph = graph
+        self.stat = stat
+        _VIEWS.add(self)
         self.op_states: dict[str, str] = {}
         self._runs: dict[str, list[str]] = {}  # session token -> ops of its run in progress
         self.names = [op.name for op in graph.operations]
+        self.fold_over = fold_over
+        self._scopes = set(all_scopes(graph))  # scopes ops added later (fit's statistics) start folded
         self.collapsed = sorted(default_collapsed(graph, fold_over) if collapsed is None else collapsed)
         self._relayout()
 
@@ -74,8 +100,64 @@ class GraphView(View):
             self._relayout()
 
     def _relayout(self) -> None:
+        new = set(all_scopes(self.graph)) - self._scopes
+        if new:
+            self._scopes |= new
+            fold = new & set(default_collapsed(self.graph, self.fold_over))
+            if fold - set(self.collapsed):
+                self.collapsed = sorted(set(self.collapsed) | fold)  # lays out again
+                return
         self.layout = graph_layout(self.graph, self.collapsed)
         self.states = group_states(self.op_states, self.collapsed)
+        self._show_stats()
+
+    @traitlets.observe("stat", "step")
+    def _on_stat(self, change) -> None:
+        if hasattr(self, "graph"):
+            self._show_stats()
+
+    def _show_stats(self) -> None:
+        """Copy the statistics of the chosen step into the synced traits."""
+        self.stat_steps, self.stat_kinds = list(self.stats.steps), self.stats.kinds()
+        stat = self.stat if self.stat in TITLES else ""
+        step = self.step or (self.stats.steps[-1] if self.stats.steps else 0)
+        self.node_stats = self.stats.node_values(stat, step, self.collapsed) if stat else {}
+        self.stat_scale = {**self.stats.scale(stat), "step": step, "title": TITLES[stat]} if stat else {}
+
+    def show_step(self, step: int) -> int:
+        """Show the statistics of the recorded step nearest ``step``; returns that step."""
+        self.step = self.stats.nearest(int(step))
+        return self.step
+
+    def follow(self, stream=ROOT, session=None):
+        """Follow ``stream``: an event stream (by default every session's; only ``session``'s events when
+        given), or a :class:`~workbench.widgets.TrainingView`, whose stream this view then follows and
+        whose selected step it shows (and sets, from the scrubber)."""
+        from workbench.widgets.training_view import TrainingView
+
+        if not isinstance(stream, TrainingView):
+            return super().follow(stream, session=session)
+        for unobserve in self._linked:
+            unobserve()
+        view = stream
+        super().follow(view._stream, session=view._session if session is None else session)
+        self.stats.clear()  # the statistics of the run that view shows
+        self.step = 0
+        self._draw_new_ops()
+        self._show_stats()
+
+        def picked(change):  # a click on the training view's curves
+            if change["new"]:
+                self.show_step(change["new"])
+
+        def scrubbed(change):  # the scrubber here
+            if change["new"] and view.selected_step != change["new"]:
+                view.selected_step = change["new"]
+
+        view.observe(picked, "selected_step")
+        self.observe(scrubbed, "step")
+        self._linked = [lambda: view.unobserve(picked, "selected_step"), lambda: self.unobserve(scrubbed, "step")]
+        return self
 
     def toggle(self, scope: str) -> None:
         """Fold or unfold a name scope."""
@@ -140,6 +222,34 @@ class GraphView(View):
         return True
 
     @handle.register
+    def _fit_started(self, event: FitStarted) -> bool:
+        if event.graph != self.graph.token:
+            return False
+        if event.start == 0:
+            self.stats.clear()  # a new fit: its own statistics
+            self.step = 0
+        self._draw_new_ops()
+        return False
+
+    def _draw_new_ops(self) -> None:
+        """Lay out again if ops were added since (a fit's statistics): their new scopes drawn folded."""
+        if set(all_scopes(self.graph)) - self._scopes:
+            self._relayout()
+
+    @handle.register
+    def _fit_finished(self, event: FitFinished) -> bool:
+        return event.graph == self.graph.token  # show the last statistics now
+
+    @handle.register
+    def _step(self, event: Step) -> bool:
+        if event.graph != self.graph.token or not event.stats:
+            return False
+        self.stats.add(event.step, event.stats)
+        if not self.stat:
+            self.stat = self.stats.kinds()[0] if self.stats.kinds() else ""
+        return False
+
+    @handle.register
     def _node(self, event: NodeState) -> bool:
         if event.graph == self.graph.token and event.op in self.graph:
             self.op_states[event.op] = event.state
@@ -156,9 +266,24 @@ class GraphView(View):
 
     def _sync(self) -> None:
         self.states = group_states(self.op_states, self.collapsed)
+        if self.stats.steps != self.stat_steps:
+            self._show_stats()
 
     def snapshot_state(self):
-        return self.layout, self.states
+        return self.layout, self.states, self.node_stats, self.stat_scale
 
     def render_snapshot(self, state) -> str:
         return snapshots.graph_svg(*state)
+
+
+#: Every GraphView made in this process (weakly), for :func:`link_shown`.
+_VIEWS: weakref.WeakSet = weakref.WeakSet()
+
+
+def link_shown(training_view, graph_token: str) -> list[GraphView]:
+    """Link every open GraphView of the graph ``graph_token`` to ``training_view`` (what the
+    notebook does when a fit of that graph starts); returns them."""
+    views = [v for v in list(_VIEWS) if v.graph.token == graph_token and v.comm is not None]
+    for view in views:
+        view.follow(training_view)
+    return views

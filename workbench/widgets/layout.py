@@ -55,13 +55,14 @@ def all_scopes(graph: Graph) -> list[str]:
 
 
 def default_collapsed(graph: Graph, fold_over: int = FOLD_OVER) -> list[str]:
-    """Scopes folded at first: the gradient subgraph, the optimizers' update scopes, and every
-    user name scope (nested ones too) with more than ``fold_over`` operations."""
+    """Scopes folded at first: the gradient subgraph, the optimizers' update scopes, the statistics
+    (``stats``, see :mod:`workbench.graph.probes`), and every user name scope (nested ones too)
+    with more than ``fold_over`` operations."""
     system: set[str] = set()
     sizes: dict[str, int] = {}
     for op in graph.operations:
         scopes = scopes_of(op.name)
-        if scopes and (scopes[0] == "gradients" or scopes[0].startswith("gradients_") or op.type in _UPDATES):
+        if scopes and (scopes[0] in ("gradients", "stats") or scopes[0].startswith("gradients_") or op.type in _UPDATES):
             system.add(scopes[0])
         for scope in scopes:
             sizes[scope] = sizes.get(scope, 0) + 1

@@ -17,6 +17,7 @@ import base64
 import html
 import re
 
+from workbench.widgets.statistics import stat_fill
 from workbench.widgets.svg import BORDER, COLORS, INK, MUTED, document, duration, element, line_chart, number
 
 # As the graph view's front end draws them (static/graph_view.js).
@@ -31,12 +32,15 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def graph_svg(layout: dict, states: dict) -> str:
-    """The graph view: scope boxes, edges, and each visible node with its op, shape and run state."""
+def graph_svg(layout: dict, states: dict, values: dict | None = None, scale: dict | None = None) -> str:
+    """The graph view: scope boxes, edges, and each visible node with its op, shape and run state;
+    filled by a statistic of the model when ``values`` (visible node to value) and its ``scale`` are given."""
     nodes = layout.get("nodes", [])
     by_id = {n["id"]: n for n in nodes}
     folded = layout.get("collapsed") or []
     title = f"graph {layout.get('name', '')} · {len(nodes)} nodes" + (f" · folded: {', '.join(folded)}" if folded else "")
+    if values and scale:
+        title += f" · colour: {scale.get('title', '')} at step {scale.get('step', '')}"
     top = 24
     body = [element("text", title, x=8, y=16, font_weight="600", fill=INK)]
     for box in layout.get("boxes", []):
@@ -53,16 +57,17 @@ def graph_svg(layout: dict, states: dict) -> str:
         body.append(element("path", d=f"M {x1} {y1} C {x1} {y1 + dy}, {x2} {y2 - dy}, {x2} {y2}", fill="none",
                             stroke="#8c959f", stroke_width=1.2, opacity=0.35 if faint else None,
                             stroke_dasharray="3 3" if edge.get("control") else None))  # fmt: skip
-    body += [_graph_node(n, states.get(n["id"]), top) for n in nodes]
+    fills = {k: stat_fill(v, scale) for k, v in (values or {}).items()} if scale else {}
+    body += [_graph_node(n, states.get(n["id"]), top, fills.get(n["id"])) for n in nodes]
     width = max(layout.get("width", 0), 8 * len(title) + 16)
     return document(width, layout.get("height", 0) + top, body, title)
 
 
-def _graph_node(node: dict, state: str | None, top: float) -> str:
+def _graph_node(node: dict, state: str | None, top: float, fill: str | None = None) -> str:
     kind, w, h = node.get("kind", "op"), node["w"], node["h"]
     stroke = STATE_COLOR[state] if state in ("error", "running") else KIND_STROKE.get(kind, "#57606a")
     rx = {"placeholder": h / 2, "variable": 0, "constant": 4}.get(kind, 6)
-    shape = element("rect", width=w, height=h, rx=rx, fill=KIND_FILL.get(kind, "#fff"), stroke=stroke,
+    shape = element("rect", width=w, height=h, rx=rx, fill=fill or KIND_FILL.get(kind, "#fff"), stroke=stroke,
                     stroke_width=2 if kind == "variable" else 1.4,
                     stroke_dasharray="2 2" if kind == "constant" else None)  # fmt: skip
     if kind == "scope":
@@ -111,10 +116,16 @@ def training_svg(title: str, state: dict) -> str:
         element("rect", x=8, y=26, width=f"{(width - 16) * share:.1f}", height=20, rx=4, fill=bar, opacity=0.85),
         element("text", progress_line(state), x=14, y=40, fill=INK, data_status=state.get("status", "")),
     ]
-    charts = [(label, pts, COLORS[i % len(COLORS)]) for i, (label, pts) in enumerate((state.get("curves") or {}).items())]
-    charts.append(("samples/s", state.get("throughput") or [], "#57606a"))
-    for i, (label, pts, color) in enumerate(charts):
-        body.append(line_chart(8 + (i % 3) * 268, 56 + (i // 3) * 138, label, [(pts, color, False)], x_max=steps))
+    curves = state.get("curves") or {}
+    shown = [(label, pts) for label, pts in curves.items() if not (label.startswith("val_") and label[4:] in curves)]
+    charts = [(label, [(pts, COLORS[i % len(COLORS)], False)]) for i, (label, pts) in enumerate(shown)]
+    for label, series in charts:  # a validation curve over its metric's, dashed
+        if f"val_{label}" in curves:
+            series.append((curves[f"val_{label}"], "#bc4c00", True))
+    charts.append(("samples/s", [(state.get("throughput") or [], "#57606a", False)]))
+    for i, (label, series) in enumerate(charts):
+        title = f"{label} (dashed: validation)" if len(series) > 1 else label
+        body.append(line_chart(8 + (i % 3) * 268, 56 + (i // 3) * 138, title, series, x_max=steps))
     y = 56 + (-(-len(charts) // 3)) * 138
     workers = state.get("workers") or {}
     if workers:

@@ -10,7 +10,7 @@ from typing import Any
 import traitlets
 
 from workbench.widgets import snapshots
-from workbench.events import Event, FitFinished, FitStarted, Restarted, RunFailed, Step
+from workbench.events import Event, FitFinished, FitStarted, Restarted, RunFailed, Step, Validated
 from workbench.widgets._base import View, front_end
 
 
@@ -104,6 +104,13 @@ class TrainingModel:
         return False
 
     @handle.register
+    def _validated(self, event: Validated, now: float) -> bool:
+        for label, value in event.record().items():  # val_<label>: drawn over the <label> curve
+            if _finite(value):
+                self._series(label).append(int(event.step), float(value))
+        return False
+
+    @handle.register
     def _restarted(self, event: Restarted, now: float) -> bool:
         self.restarts += 1
         return False
@@ -176,6 +183,12 @@ class TrainingView(View):
     """Live progress of a training run: a progress bar with ETA, curves of the loss and of
     each fetched metric, samples/s, and per-worker utilization on a cluster.
 
+    With ``fit(..., validation=...)`` each metric's chart also draws its validation
+    curve (``val_<label>``, dashed, with a legend). Clicking a chart selects the step
+    under the pointer (:attr:`selected_step`, marked in every chart); a
+    :class:`~workbench.widgets.GraphView` linked with ``GraphView(g).follow(view)``
+    shows the model's statistics at that step.
+
     Shown by ``Session.fit`` in a notebook; or by hand:
 
     >>> from workbench.events import FitFinished, FitStarted, Step
@@ -195,6 +208,8 @@ class TrainingView(View):
     log_scale = traitlets.Bool(False).tag(sync=True)
     #: Exponential moving average of the curves, 0 (raw) to 0.99 (a slider); the raw curve stays faint behind.
     smoothing = traitlets.Float(0.6, min=0.0, max=0.99).tag(sync=True)
+    #: The step chosen by a click on a chart (or by a linked GraphView's scrubber); 0: none.
+    selected_step = traitlets.Int(0).tag(sync=True)
 
     def __init__(self, title: str = "training", max_points: int = 400, **kwargs: Any) -> None:
         super().__init__(title=title, **kwargs)

@@ -1,6 +1,8 @@
 // GraphView front end: draws the layout computed in Python (workbench/widgets/layout.py) as SVG.
 // Synced state: layout (nodes with x/y, edges, scope boxes), collapsed (scopes), states (node -> state),
-// names (every op, for search), highlight (the op the search found), zoom and fit (to the view's width).
+// names (every op, for search), highlight (the op the search found), zoom and fit (to the view's width);
+// the model's statistics: stat (which), step (0: the latest), stat_steps, stat_kinds, node_stats
+// (visible node -> value) and stat_scale (lo, hi, log, signed, step, title), from graph_view.py.
 const SVG = "http://www.w3.org/2000/svg";
 const KIND_FILL = {
   placeholder: "#ddf4ff", variable: "#dafbe1", constant: "#eaeef2", update: "#fff1e5",
@@ -99,7 +101,78 @@ function toolbar(model, zoomBy, fitWidth) {
   return bar;
 }
 
-function details(node, state) {
+// A statistic's fill: light to red with its size (log scale when asked); blue below 0, red above
+// when the statistic has a sign; dark red for NaN or Inf.
+function statColor(v, scale) {
+  if (v === null || v === undefined || !isFinite(v)) return "#a40e26";
+  const { lo = 0, hi = 0, log = false, signed = false } = scale || {};
+  let t;
+  if (signed) t = hi > 0 ? Math.abs(v) / hi : 0;
+  else if (log) t = (Math.log10(Math.max(v, lo)) - Math.log10(lo)) / Math.max(Math.log10(hi) - Math.log10(lo), 1e-12);
+  else t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+  t = Math.min(Math.max(t, 0), 1);
+  const hue = signed && v < 0 ? 212 : 40 - 38 * t;
+  return `hsl(${hue.toFixed(0)}, ${(70 + 20 * t).toFixed(0)}%, ${(95 - 50 * t).toFixed(0)}%)`;
+}
+
+function fmtStat(v) {
+  if (v === null || v === undefined) return "–";
+  if (!isFinite(v)) return String(v);
+  const a = Math.abs(v);
+  return a !== 0 && (a < 1e-3 || a >= 1e4) ? v.toExponential(2) : v.toPrecision(3);
+}
+
+// The statistics bar: which statistic, the scrubber over the steps that have statistics, the scale.
+function statsBar(model) {
+  const bar = document.createElement("div");
+  bar.className = "wb-toolbar wb-stats";
+  const select = document.createElement("select");
+  select.className = "wb-stat";
+  const slider = document.createElement("input");
+  Object.assign(slider, { type: "range", min: "0", step: "1", className: "wb-scrubber" });
+  const at = document.createElement("span");
+  at.className = "wb-stat-step";
+  const scale = document.createElement("span");
+  scale.className = "wb-muted wb-stat-scale";
+  bar.append("colour by ", select, " step ", slider, at, scale);
+  select.addEventListener("change", () => { model.set("stat", select.value); model.save_changes(); });
+  slider.addEventListener("input", () => {
+    const steps = model.get("stat_steps") || [];
+    model.set("step", steps[Number(slider.value)] || 0);
+    model.save_changes();
+  });
+  function show() {
+    const steps = model.get("stat_steps") || [], kinds = model.get("stat_kinds") || [];
+    const s = model.get("stat_scale") || {};
+    bar.style.display = steps.length ? "" : "none";
+    if ([...select.options].map((o) => o.value).join() !== ["", ...kinds].join()) {
+      select.replaceChildren(...["", ...kinds].map((k) => {
+        const o = document.createElement("option");
+        o.value = k;
+        o.textContent = k ? k.replace("_", " ") : "run state";
+        return o;
+      }));
+    }
+    select.value = model.get("stat") || "";
+    const shown = s.step || steps[steps.length - 1] || 0;
+    slider.max = String(Math.max(steps.length - 1, 0));
+    slider.value = String(Math.max(steps.indexOf(shown), 0));
+    at.textContent = ` ${shown} (${steps.length ? steps.indexOf(shown) + 1 : 0} of ${steps.length})`;
+    at.setAttribute("data-step", shown);
+    if (!s.title) { scale.replaceChildren(); return; }
+    const swatch = (v) => {
+      const b = document.createElement("span");
+      b.className = "wb-swatch";
+      b.style.background = statColor(v, s);
+      return b;
+    };
+    scale.replaceChildren(` ${s.title}${s.log ? " (log scale)" : ""}: `, swatch(s.signed ? -s.hi : s.lo), ` ${fmtStat(s.signed ? -s.hi : s.lo)} … `,
+                          swatch(s.hi), ` ${fmtStat(s.hi)}`);
+  }
+  return { bar, show };
+}
+
+function details(node, state, stat = null) {
   const div = document.createElement("div");
   const add = (label, value) => {
     const p = document.createElement("div");
@@ -118,6 +191,7 @@ function details(node, state) {
   if (node.inputs && node.inputs.length) add("inputs", node.inputs.join(", "));
   if (node.source) add("defined at", `line ${node.source.line}: ${node.source.code}`);
   if (state) add("state", state);
+  if (stat && stat.value !== undefined) add(`${stat.title} at step ${stat.step}`, fmtStat(stat.value));
   return div;
 }
 
@@ -159,13 +233,14 @@ function render({ model, el: root }) {
   };
   const fitWidth = () => { model.set("fit", true); model.save_changes(); applyZoom(); };
   const tools = toolbar(model, zoomBy, fitWidth);
+  const stats = statsBar(model);
   const canvas = document.createElement("div");
   canvas.className = "wb-canvas";
   const side = document.createElement("div");
   side.className = "wb-details";
   side.innerHTML = '<span class="wb-muted">Click a node for its dtype, shape and defining line; click a scope to open or fold it.</span>';
   wrap.append(canvas, side);
-  root.append(title, tools, legend, wrap);
+  root.append(title, tools, stats.bar, legend, wrap);
   let selected = null;
   const groups = new Map();
 
@@ -189,8 +264,26 @@ function render({ model, el: root }) {
       else shape.setAttribute("stroke", KIND_STROKE[g.__node.kind] || "#57606a");
     }
     if (selected && groups.has(selected)) {
-      side.replaceChildren(details(groups.get(selected).__node, states[selected]));
+      const scale = model.get("stat_scale") || {};
+      const stat = scale.title ? { ...scale, value: (model.get("node_stats") || {})[selected] } : null;
+      side.replaceChildren(details(groups.get(selected).__node, states[selected], stat));
     }
+  }
+
+  // Fill each node by the statistic shown (its kind's colour when it has none).
+  function paintStats() {
+    const values = model.get("node_stats") || {}, scale = model.get("stat_scale") || {};
+    for (const [id, g] of groups) {
+      const shape = g.querySelector(".wb-shape");
+      const has = Object.prototype.hasOwnProperty.call(values, id);
+      const fill = has ? statColor(values[id], scale) : KIND_FILL[g.__node.kind] || "#fff";
+      shape.setAttribute("fill", fill);
+      const light = /, (\d+)%\)$/.exec(fill);  // white text on a dark fill
+      g.classList.toggle("wb-dark", has && (!light || Number(light[1]) < 62));
+      if (has) g.setAttribute("data-stat", String(values[id])); else g.removeAttribute("data-stat");
+    }
+    stats.show();
+    paintStates();
   }
 
   function draw() {
@@ -246,7 +339,7 @@ function render({ model, el: root }) {
     }
     canvas.replaceChildren(svg);
     applyZoom();
-    paintStates();
+    paintStats();
     showHighlight();
   }
 
@@ -267,6 +360,10 @@ function render({ model, el: root }) {
   draw();
   model.on("change:layout", draw);
   model.on("change:states", paintStates);
+  model.on("change:node_stats", paintStats);
+  model.on("change:stat_scale", paintStats);
+  model.on("change:stat_steps", stats.show);
+  model.on("change:stat", stats.show);
   model.on("change:highlight", showHighlight);
   model.on("change:zoom", applyZoom);
   model.on("change:fit", applyZoom);

@@ -37,18 +37,23 @@ function smooth(points, weight) {
 }
 
 // A line chart of [[x, y], ...] points, 260 x 130 px, with min/max labels; the raw curve faint
-// behind its smoothed one; a log10 y axis when asked and every value is positive.
-function chart(label, points, color, steps, { log = false, smoothing = 0 } = {}) {
+// behind its smoothed one; a log10 y axis when asked and every value is positive. ``val``: the
+// validation curve drawn over it (dashed, with points and a legend); ``pick(step)``: called with
+// the step nearest a click; ``selected``: the step marked by a vertical line.
+function chart(label, points, color, steps, { log = false, smoothing = 0, val = null, pick = null, selected = 0 } = {}) {
   const W = 260, H = 130, L = 44, R = 8, T = 18, B = 18;
   const svg = el("svg", { width: W, height: H, class: "wb-chart", "data-curve": label });
   const t = el("text", { x: L, y: 12 }, svg);
   const last = points.length ? points[points.length - 1][1] : null;
   t.textContent = `${label}: ${fmt(last)}`;
+  const vals = val || [];
+  if (vals.length) t.textContent += ` · val ${fmt(vals[vals.length - 1][1])}`;
   if (!points.length) return svg;
-  const logY = log && points.every((p) => p[1] > 0);
+  const all = points.concat(vals);
+  const logY = log && all.every((p) => p[1] > 0);
   svg.setAttribute("data-scale", logY ? "log" : "linear");
   const f = logY ? Math.log10 : (y) => y;
-  const xs = points.map((p) => p[0]), ys = points.map((p) => f(p[1]));
+  const xs = all.map((p) => p[0]), ys = all.map((p) => f(p[1]));
   const x0 = Math.min(...xs), x1 = Math.max(steps || 0, ...xs);
   let y0 = Math.min(...ys), y1 = Math.max(...ys);
   if (y0 === y1) { y0 -= Math.abs(y0) * 0.1 || 1; y1 += Math.abs(y1) * 0.1 || 1; }
@@ -67,6 +72,32 @@ function chart(label, points, color, steps, { log = false, smoothing = 0 } = {})
     el("path", { class: "wb-line wb-smooth", d: path(smooth(points, smoothing)), stroke: color }, svg);
   } else {
     el("path", { class: "wb-line", d: path(points), stroke: color }, svg);
+  }
+  if (vals.length) {
+    const vc = "#bc4c00";
+    el("path", { class: "wb-line wb-val", d: path(vals), stroke: vc, "stroke-dasharray": "4 2" }, svg);
+    for (const [x, y] of vals) el("circle", { class: "wb-val-point", cx: sx(x), cy: sy(y), r: 2.2, fill: vc }, svg);
+    const legend = el("g", { class: "wb-chart-legend" }, svg);
+    el("rect", { x: W - R - 74, y: T - 2, width: 72, height: 24, rx: 3, class: "wb-legend-box" }, legend);
+    [["train", color, ""], ["validation", vc, "4 2"]].forEach(([name, c, dash], i) => {
+      const y = T + 6 + i * 11, x = W - R - 70;
+      el("line", { x1: x, y1: y - 3, x2: x + 14, y2: y - 3, stroke: c, "stroke-width": 2, "stroke-dasharray": dash }, legend);
+      el("text", { x: x + 18, y, class: "wb-legend-item" }, legend).textContent = name;
+    });
+  }
+  if (selected) {
+    const x = sx(Math.min(Math.max(selected, x0), x1));
+    el("line", { class: "wb-marker", x1: x, y1: T, x2: x, y2: H - B, "data-step": selected }, svg);
+  }
+  if (pick) {
+    svg.classList.add("wb-pickable");
+    svg.addEventListener("click", (e) => {
+      const box = svg.getBoundingClientRect();
+      const at = x0 + ((e.clientX - box.left) * (W / box.width) - L) / (W - L - R) * (x1 - x0);
+      let best = points[0][0];
+      for (const [x] of points) if (Math.abs(x - at) < Math.abs(best - at)) best = x;
+      pick(best);
+    });
   }
   return svg;
 }
@@ -135,10 +166,14 @@ function render({ model, el: root }) {
     text.textContent = line;
     bar.setAttribute("data-status", s.status || "");
     ctl.show();
-    const options = { log: !!model.get("log_scale"), smoothing: Number(model.get("smoothing") || 0) };
-    const children = [];
-    Object.entries(s.curves || {}).forEach(([label, pts], i) =>
-      children.push(chart(label, pts, COLORS[i % COLORS.length], steps, options)));
+    const pick = (step) => { model.set("selected_step", step); model.save_changes(); draw(); };
+    const options = { log: !!model.get("log_scale"), smoothing: Number(model.get("smoothing") || 0),
+                      pick, selected: model.get("selected_step") || 0 };
+    const children = [], curves = s.curves || {};
+    // A validation curve (val_<label>) is drawn in its metric's chart, not in one of its own.
+    Object.entries(curves).filter(([label]) => !(label.startsWith("val_") && label.slice(4) in curves))
+      .forEach(([label, pts], i) => children.push(
+        chart(label, pts, COLORS[i % COLORS.length], steps, { ...options, val: curves[`val_${label}`] })));
     children.push(chart("samples/s", s.throughput || [], "#57606a", steps));
     charts.replaceChildren(...children);
     const util = Object.entries(s.workers || {});
@@ -167,6 +202,7 @@ function render({ model, el: root }) {
   model.on("change:title", draw);
   model.on("change:log_scale", draw);
   model.on("change:smoothing", draw);
+  model.on("change:selected_step", draw);
 }
 
 export default { render };
