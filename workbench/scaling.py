@@ -199,17 +199,17 @@ def _median(records: list[dict], key: str) -> float | None:
 
 
 def measure_profile(client, workers, measured: dict, batch_size: int, strategy: str, model_bytes: int,
-                    assumptions: model.Assumptions = model.Assumptions()) -> model.Profile:  # fmt: skip
+                    assumptions: model.Assumptions = model.Assumptions(), compute=()) -> model.Profile:  # fmt: skip
     """The profile of a study: compute and update from its step records (``measured``: worker
     count to records), the link, a scheduler hop and the sum rate timed on ``workers``.
 
-    Compute is fitted as ``fixed + rows x per_sample`` over the counts' shard sizes (per
-    sample only, from one count); the per-step overhead is what the smallest count's
-    step time leaves after the modelled parts.
+    Compute is fitted as ``fixed + rows x per_sample`` over the counts' shard sizes and any
+    more ``compute`` points ``(rows, seconds)`` (per sample only, from one point); the
+    per-step overhead is what the smallest count's step time leaves after the modelled parts.
     """
     workers = list(workers)
     points = [(math.ceil(batch_size / k), _median(r, "compute_seconds")) for k, r in sorted(measured.items())]
-    points = [(rows, c) for rows, c in points if c is not None]
+    points = [(rows, c) for rows, c in [*points, *compute] if c is not None]
     fixed, per_sample = probe.fit_line(*zip(*points)) if points else (0.0, 0.0)
     first = min(measured)
     step = _median(measured[first], "time")

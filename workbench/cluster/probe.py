@@ -1,6 +1,6 @@
 """Timings of the cluster at hand, for the scaling model (:mod:`workbench.cluster.predict`).
 
-- :func:`measure_link`: the worker-to-worker all-reduce (:mod:`workbench.cluster.collective`)
+- :func:`measure_allreduce`, :func:`measure_link`: the worker-to-worker all-reduce (:mod:`workbench.cluster.collective`)
   of a few message sizes between the cluster's workers, medians of several rounds, fitted to
   ``time = 2 (R - 1) latency + 2 (R - 1) / R x bytes / bandwidth``;
 - :func:`measure_hop`: a chain of dependent tiny tasks on one worker: seconds per
@@ -50,27 +50,32 @@ def fit_line(xs, ys) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def measure_link(client, workers, sizes=SIZES, repeats: int = 5, timeout: float = 60.0) -> dict:
-    """Latency per message and bandwidth per worker of the all-reduce between ``workers``.
-
-    Returns ``{"latency", "bandwidth", "ranks", "samples": [(bytes, median seconds), ...]}``;
-    each sample is the median over rounds of the slowest rank's time.
-    """
+def measure_allreduce(client, workers, sizes=SIZES, repeats: int = 5, timeout: float = 60.0,
+                      algorithm: str = "direct") -> list[tuple[int, float]]:  # fmt: skip
+    """``(bytes, seconds)`` of one all-reduce between ``workers`` per size: the median over
+    ``repeats`` rounds of the slowest rank's time."""
     workers = list(workers)
     if len(workers) < 2:
         raise ClusterError(f"measuring the all-reduce needs two workers or more, got {workers}")
-    group = CollectiveGroup.create(client, workers, run="probe", timeout=timeout, algorithm="direct")
+    group = CollectiveGroup.create(client, workers, run="probe", timeout=timeout, algorithm=algorithm)
     try:
         futures = [client.submit(_time_allreduce, group, tuple(sizes), repeats, workers=[a], pure=False,
                                  allow_other_workers=False) for a in workers]  # fmt: skip
         per_rank = client.gather(futures)
     finally:
         group.release(client)
-    ranks = len(workers)
-    samples = []
-    for i, size in enumerate(sizes):
-        slowest = [max(rank[i][j] for rank in per_rank) for j in range(repeats)]
-        samples.append((int(size), statistics.median(slowest)))
+    return [(int(size), statistics.median(max(rank[i][j] for rank in per_rank) for j in range(repeats)))
+            for i, size in enumerate(sizes)]  # fmt: skip
+
+
+def measure_link(client, workers, sizes=SIZES, repeats: int = 5, timeout: float = 60.0) -> dict:
+    """Latency per message and bandwidth per worker of the all-reduce between ``workers``.
+
+    Returns ``{"latency", "bandwidth", "ranks", "samples": [(bytes, median seconds), ...]}``,
+    ``time = 2 (R - 1) latency + 2 (R - 1) / R x bytes / bandwidth`` fitted to the samples.
+    """
+    samples = measure_allreduce(client, workers, sizes, repeats, timeout)
+    ranks = len(list(workers))
     a, b = fit_line([s for s, _ in samples], [t for _, t in samples])
     latency = a / (2 * (ranks - 1))
     bandwidth = (2 * (ranks - 1) / ranks) / b if b > 0 else float("inf")
