@@ -135,3 +135,19 @@ def test_unknown_strategy_or_count_is_named():
         step_time(seed_case(), "gossip", 2)
     with pytest.raises(ClusterError, match="workers must be positive, got 0"):
         step_time(seed_case(), "allreduce", 0)
+
+
+@pytest.mark.parametrize("strategy, step, overhead, hop", [
+    ("parameter_server", 0.050, 0.050 - 0.020 - 2 * 0.005, 0.005),  # room for the measured hops: the rest is overhead
+    ("parameter_server", 0.026, 0.0, 0.003),  # less than the hops: smaller hops
+    ("allreduce", 0.050, 0.030, 0.005),  # no hop on its critical path
+    ("parameter_server", 0.010, 0.0, 0.0),  # faster than its compute: nothing left
+])  # fmt: skip
+def test_a_profile_is_calibrated_to_the_measured_step(strategy, step, overhead, hop):
+    from workbench.scaling import _calibrated
+
+    p = Profile(model_bytes=0, batch_size=10, compute_per_sample=0.002, hop=0.005)
+    calibrated = _calibrated(p, strategy, 1, step)
+    assert (calibrated.overhead, calibrated.hop) == (pytest.approx(overhead), pytest.approx(hop))
+    if step >= 0.02:
+        assert step_time(calibrated, strategy, 1)["step_seconds"] == pytest.approx(step)

@@ -228,9 +228,18 @@ def measure_profile(client, workers, measured: dict, batch_size: int, strategy: 
         hop=probe.measure_hop(client, workers[0]), sum_rate=probe.measure_sum_rate(client, workers[0]),
         source=f"measured with {strategy!r} at {', '.join(map(str, sorted(measured)))} workers",
     )  # fmt: skip
-    known = strategy if strategy in model.STRATEGIES else "allreduce"
-    modelled = model.step_time(profile, known, first, model.Assumptions())["step_seconds"]
-    return replace(profile, overhead=max(step - modelled, 0.0))
+    return _calibrated(profile, strategy if strategy in model.STRATEGIES else "allreduce", first, step)
+
+
+def _calibrated(profile: model.Profile, strategy: str, workers: int, step: float) -> model.Profile:
+    """The profile whose prediction at ``workers`` is the measured ``step``: what the modelled parts
+    leave is the per-step overhead, or, when even the measured hops do not fit in it, smaller hops."""
+    hops = model.hops(strategy, workers)
+    unhopped = replace(profile, hop=0.0, overhead=0.0)
+    left = max(step - model.step_time(unhopped, strategy, workers)["step_seconds"], 0.0)
+    if left >= hops * profile.hop:
+        return replace(profile, overhead=left - hops * profile.hop)
+    return replace(profile, overhead=0.0, hop=left / hops)
 
 
 def _row(workers: int, measured: list[dict], batch_size: int, rows: list[dict]) -> dict:

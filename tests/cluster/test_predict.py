@@ -26,9 +26,9 @@ def workers_of(client) -> list[str]:
 
 def test_the_link_measured_at_two_ranks_predicts_the_all_reduce_at_three(client3):
     workers = workers_of(client3)
-    link = probe.measure_link(client3, workers[:2], sizes=(64 << 10, 1 << 20, 4 << 20), repeats=5)
-    assert 0 < link["latency"] < 0.05 and 1e7 < link["bandwidth"] < 1e12
-    assert [s for s, _ in link["samples"]] == [64 << 10, 1 << 20, 4 << 20]
+    link = probe.measure_link(client3, workers[:2], repeats=5)
+    assert 0 <= link["latency"] < 0.05 and 1e7 < link["bandwidth"] < 1e12
+    assert [s for s, _ in link["samples"]] == list(probe.SIZES)
     ((size, measured),) = probe.measure_allreduce(client3, workers, sizes=(4 << 20,), repeats=5)
     predicted = model.allreduce_seconds(size, 3, model.Link("measured", link["bandwidth"], link["latency"]))
     assert predicted == pytest.approx(measured, rel=0.6)
@@ -56,7 +56,7 @@ def test_a_profile_from_one_worker_predicts_two_and_three(client3, kit):
     model_bytes = sum(v.nbytes for n, v in sess.variables.items() if re.fullmatch(r"[wb]\d", n))  # not Adam's slots
     profile = measure_profile(client3, workers_of(client3), {1: one}, batch, "parameter_server", model_bytes,
                               compute=compute)  # fmt: skip
-    assert profile.hop > 0 and profile.latency > 0 and profile.compute_per_sample > 0
+    assert profile.hop > 0 and profile.latency >= 0 and profile.bandwidth < math.inf and profile.compute_per_sample > 0
     predicted = {r["workers"]: r for r in model.predict(profile, [1, 2, 3], ["parameter_server"])}
     # calibrated at one worker: the prediction there is the measurement
     assert predicted[1]["step_seconds"] == pytest.approx(statistics.median(r["time"] for r in one), rel=0.05)
