@@ -151,3 +151,24 @@ def test_a_profile_is_calibrated_to_the_measured_step(strategy, step, overhead, 
     assert (calibrated.overhead, calibrated.hop) == (pytest.approx(overhead), pytest.approx(hop))
     if step >= 0.02:
         assert step_time(calibrated, strategy, 1)["step_seconds"] == pytest.approx(step)
+
+
+def test_workers_sharing_cores_slow_compute_and_transfers_beyond_that_many():
+    p = Profile(model_bytes=1e8, batch_size=64, compute_per_sample=0.01, update_seconds=0.01, latency=1e-3,
+                bandwidth=1e9, hop=0.002)  # fmt: skip
+    for strategy in ("allreduce", "parameter_server"):
+        alone, shared = step_time(p, strategy, 4), step_time(p, strategy, 4, Assumptions(cores=2))
+        for part in ("compute_seconds", "communication_seconds", "update_seconds"):
+            assert shared[part] == pytest.approx(2 * alone[part]), (strategy, part)
+        assert shared["overhead_seconds"] == alone["overhead_seconds"]
+        assert step_time(p, strategy, 2, Assumptions(cores=2)) == step_time(p, strategy, 2)
+
+
+def test_the_scheduler_costs_per_task():
+    p = Profile(model_bytes=0, batch_size=64, compute_per_sample=1e-5, task_seconds=0.001)
+    # the parameter server's 2 (R - 1) more tasks sit on the critical path
+    assert step_time(p, "parameter_server", 5)["overhead_seconds"] == pytest.approx(8 * 0.001)
+    # the all-reduce's R tasks a step do not, but bound its throughput
+    assert step_time(p, "allreduce", 100)["step_seconds"] == pytest.approx(0.1)
+    assert step_time(p, "allreduce", 2)["step_seconds"] == pytest.approx(0.002)
+    assert step_time(p, "allreduce", 2)["compute_seconds"] == pytest.approx(32 * 1e-5)

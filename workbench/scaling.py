@@ -225,7 +225,8 @@ def measure_profile(client, workers, measured: dict, batch_size: int, strategy: 
     profile = model.Profile(
         model_bytes=model_bytes, batch_size=batch_size, compute_per_sample=per_sample, compute_fixed=fixed,
         update_seconds=update, latency=link["latency"], bandwidth=link["bandwidth"],
-        hop=probe.measure_hop(client, workers[0]), sum_rate=probe.measure_sum_rate(client, workers[0]),
+        hop=probe.measure_hop(client, workers[0]), task_seconds=probe.measure_task_seconds(client, workers[0]),
+        sum_rate=probe.measure_sum_rate(client, workers[0]),
         source=f"measured with {strategy!r} at {', '.join(map(str, sorted(measured)))} workers",
     )  # fmt: skip
     return _calibrated(profile, strategy if strategy in model.STRATEGIES else "allreduce", first, step)

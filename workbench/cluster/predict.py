@@ -12,7 +12,8 @@ The step time of each strategy at ``R`` workers, with ``b`` rows per replica
 and ``M`` bytes of gradients (as many as variables):
 
 ``"allreduce"``
-    ``overhead + compute(b) + exposed + update``. The gradients are all-reduced in
+    ``overhead + compute(b) + exposed + update``, or the scheduler's ``R x task_seconds``
+    if that is longer (it runs ``R`` tasks a step, off the critical path). The gradients are all-reduced in
     buckets of ``bucket_bytes``, each started as soon as the backward pass (the last
     ``backward_fraction`` of ``compute``) has made it; one bucket costs
     ``2 (R - 1) latency + 2 (R - 1) / R x bytes / bandwidth`` (reduce-scatter then
@@ -24,7 +25,10 @@ and ``M`` bytes of gradients (as many as variables):
     pairwise reduction tree, each moving one gradient to the worker that sums it, then
     the update worker sends the new variables to the ``R - 1`` other replicas, and
     ``hops = 2 + L`` dependent scheduler round trips (replica, reductions, update, next
-    replicas).
+    replicas); its ``2 (R - 1)`` more tasks than at one worker add ``task_seconds`` each.
+
+Workers that share ``cores`` cores (``Assumptions(cores=...)``) slow compute, transfers and
+the update by ``R / cores`` beyond that many.
 
 >>> p = Profile(model_bytes=96e6, batch_size=32, compute_per_sample=1 / 32, latency=50e-6, bandwidth=1.25e9)
 >>> rows = predict(p, [1, 100], assumptions=Assumptions(batch="per_replica"))
@@ -81,6 +85,8 @@ class Profile:
         The driver's and scheduler's time per step with no dependent hop on the critical path.
     hop : float
         One dependent scheduler round trip (a task's end to the start of one that needs it).
+    task_seconds : float
+        The scheduler's time per task when many run at once (its throughput).
     sum_rate : float
         Bytes of gradients a worker adds per second.
     backward_fraction : float
@@ -100,6 +106,7 @@ class Profile:
     bandwidth: float = math.inf
     overhead: float = 0.0
     hop: float = 0.0
+    task_seconds: float = 0.0
     sum_rate: float = math.inf
     backward_fraction: float = 2 / 3
     bucket_bytes: int = 4 << 20
@@ -128,6 +135,10 @@ class Assumptions:
         the published 100-GPU results).
     overlap : bool
         All-reduce buckets start during the backward pass (else after it).
+    cores : float or None
+        The workers share this many cores (one machine running them all, as a local cluster
+        does): beyond that many workers, compute and transfers slow down in proportion.
+        None: every worker has cores of its own.
     """
 
     link: str = "measured"
@@ -135,6 +146,7 @@ class Assumptions:
     latency: float | None = None
     batch: str = "global"
     overlap: bool = True
+    cores: float | None = None
 
     def __post_init__(self):
         if self.link != "measured" and self.link not in LINKS:
@@ -162,7 +174,8 @@ class Assumptions:
             f"batch: {batch}; per-worker compute as measured (one worker's speed)",
             f"all-reduce: buckets of {profile.bucket_bytes / 2**20:g} MiB, "
             + ("started during the backward pass" if self.overlap else "after the backward pass"),
-            "parameter server: one unsharded update worker; 2 + log2(R) dependent scheduler hops a step",
+            "parameter server: one unsharded update worker; 2 + log2(R) dependent scheduler hops and 2R + 1 tasks a step",
+            "workers: " + ("each with cores of its own" if self.cores is None else f"sharing {self.cores:g} cores"),
             f"profile: {profile.source}" if profile.source else "profile: as given",
         ]
 
@@ -184,11 +197,12 @@ def bucket_sizes(model_bytes: float, bucket_bytes: float) -> list[float]:
     return [float(bucket_bytes)] * int(full) + ([rest] if rest > 0 else [])
 
 
-def exposed_allreduce(profile: Profile, compute: float, ranks: int, link: Link, overlap: bool = True) -> float:
+def exposed_allreduce(profile: Profile, compute: float, ranks: int, link: Link, overlap: bool = True,
+                      share: float = 1.0) -> float:  # fmt: skip
     """Seconds of all-reduce left after the backward pass ends.
 
     Bucket ``i`` of ``n`` is ready when the backward pass has made its share of the
-    gradients; buckets use the link one after the other.
+    gradients; buckets use the link one after the other, each ``share`` times slower.
     """
     sizes = bucket_sizes(profile.model_bytes, profile.bucket_bytes)
     if ranks <= 1 or not sizes:
@@ -198,7 +212,7 @@ def exposed_allreduce(profile: Profile, compute: float, ranks: int, link: Link, 
     for size in sizes:
         made += size
         ready = start + backward * made / profile.model_bytes
-        done = max(done, ready) + allreduce_seconds(size, ranks, link)
+        done = max(done, ready) + allreduce_seconds(size, ranks, link) * share
     return max(0.0, done - compute)
 
 
@@ -217,17 +231,21 @@ def step_time(profile: Profile, strategy: str, workers: int, assumptions: Assump
         raise ClusterError(f"workers must be positive, got {workers}")
     link = assumptions.link_of(profile)
     rows = math.ceil(profile.batch_size / workers) if assumptions.batch == "global" else profile.batch_size
-    compute = profile.compute(rows)
+    share = max(1.0, workers / assumptions.cores) if assumptions.cores else 1.0
+    compute, update = profile.compute(rows) * share, profile.update_seconds * share
     overhead = profile.overhead + hops(strategy, workers) * profile.hop
     if strategy == "allreduce":
-        communication = exposed_allreduce(profile, compute, workers, link, assumptions.overlap)
+        communication = exposed_allreduce(profile, compute, workers, link, assumptions.overlap, share)
     else:
+        overhead += 2 * (workers - 1) * profile.task_seconds
         levels = math.ceil(math.log2(workers)) if workers > 1 else 0
         gradient = link.latency + profile.model_bytes / link.bandwidth
-        communication = levels * (gradient + profile.model_bytes / profile.sum_rate) + (workers - 1) * gradient
-    seconds = overhead + compute + communication + profile.update_seconds
+        communication = (levels * (gradient + profile.model_bytes / profile.sum_rate) + (workers - 1) * gradient) * share
+    seconds = overhead + compute + communication + update
+    if strategy == "allreduce":
+        seconds = max(seconds, workers * profile.task_seconds)
     return {"step_seconds": seconds, "compute_seconds": compute, "communication_seconds": communication,
-            "overhead_seconds": overhead, "update_seconds": profile.update_seconds}  # fmt: skip
+            "overhead_seconds": overhead, "update_seconds": update}  # fmt: skip
 
 
 def predict(profile: Profile, workers, strategies=STRATEGIES, assumptions: Assumptions = Assumptions(),

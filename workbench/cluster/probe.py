@@ -5,6 +5,7 @@
   ``time = 2 (R - 1) latency + 2 (R - 1) / R x bytes / bandwidth``;
 - :func:`measure_hop`: a chain of dependent tiny tasks on one worker: seconds per
   scheduler round trip;
+- :func:`measure_task_seconds`: a burst of independent tiny tasks: the scheduler's time per task;
 - :func:`measure_sum_rate`: how fast a worker adds two gradient-sized arrays.
 """
 
@@ -103,6 +104,16 @@ def measure_hop(client, worker, hops: int = 20) -> float:
             future = client.submit(_tick, future, workers=[worker], pure=False)
         future.result()
         seconds.append((time.perf_counter() - started) / (hops + 1))
+    return statistics.median(seconds)
+
+
+def measure_task_seconds(client, worker, tasks: int = 60) -> float:
+    """The scheduler's seconds per task when ``tasks`` independent tiny tasks run at once on ``worker``."""
+    seconds = []
+    for _ in range(3):
+        started = time.perf_counter()
+        client.gather([client.submit(_tick, i, workers=[worker], pure=False) for i in range(tasks)])
+        seconds.append((time.perf_counter() - started) / tasks)
     return statistics.median(seconds)
 
 
