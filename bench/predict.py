@@ -118,7 +118,8 @@ def seed_table() -> None:
     for link in ("10gbe", "infiniband", "nvlink"):
         for strategy in model.STRATEGIES:
             rows = model.predict(model.seed_case(), [8, 32, 100], [strategy], model.Assumptions(link=link, batch="per_replica"))
-            print(f"| {model.LINKS[link].name} | {strategy} | " + " | ".join(f"{r['efficiency']:.0%}" for r in rows)
+            spec = model.LINKS[link]
+            print(f"| {spec.name} ({spec.bandwidth / 1e9:g} GB/s, {spec.latency * 1e6:g} µs a message) | {strategy} | " + " | ".join(f"{r['efficiency']:.0%}" for r in rows)
                   + f" | {rows[-1]['speedup']:.0f}x |")  # fmt: skip
     print("| TensorFlow 0.8 (published) | parameter servers | | | 56% | 56x |")
 

@@ -103,8 +103,9 @@ def scaling_study(
     predict : sequence of int or None
         Worker counts to predict throughput and efficiency at, for each strategy, from a
         profile measured here (see :mod:`workbench.cluster.predict`): the study's
-        compute, update and step times, the all-reduce between two of the cluster's
-        workers, a scheduler round trip. The measured counts are predicted too, to
+        compute, update and step times (and its compute on the shard of the largest
+        count, timed with a few more steps), the all-reduce between two of the cluster's
+        workers, the scheduler's costs. The measured counts are predicted too, to
         compare. Results in ``study.predictions``, ``study.profile``, ``study.assumptions``.
     assumptions : Assumptions, str, dict or None
         What the predictions assume: a :class:`~workbench.cluster.predict.Assumptions`,
@@ -150,7 +151,9 @@ def scaling_study(
             study.rows.append(row)
             ROOT.emit(ScalingPoint(**ids, **row))
         if targets:
-            study.profile = measure_profile(client, available, measured, batch_size, name, model_bytes, assumed)
+            compute = _small_shard(sess, train, data, batch_size, counts[0], max(targets), available, strategy)
+            study.profile = measure_profile(client, available, measured, batch_size, name, model_bytes, assumed,
+                                            compute=compute)  # fmt: skip
             study.predictions = model.predict(study.profile, sorted({1, *counts, *targets}), assumptions=assumed)
             study.assumptions = assumed.describe(study.profile)
         ROOT.emit(ScalingFinished(**ids, rows=tuple(study.rows), predictions=tuple(study.predictions),
@@ -159,6 +162,18 @@ def scaling_study(
     finally:
         if owned:
             close(client)
+
+
+def _small_shard(sess, train, data, batch_size: int, workers: int, target: int, available, strategy) -> list:
+    """A dedicated timing: compute on the shard of the largest predicted count, with the smallest
+    measured count's workers (as busy as in its run): ``[(rows, seconds)]``, or nothing if no smaller."""
+    rows = math.ceil(batch_size / target)
+    if rows >= math.ceil(batch_size / workers):
+        return []
+    history = sess.fit(train, data, batch_size=rows * workers, steps=8, replicas=workers, workers=available[:workers],
+                       sync_every=8, strategy=strategy)  # fmt: skip
+    seconds = _median(history.records[3:], "compute_seconds")
+    return [] if seconds is None else [(rows, seconds)]
 
 
 def _targets(predict) -> list[int]:
@@ -203,16 +218,17 @@ def measure_profile(client, workers, measured: dict, batch_size: int, strategy: 
     """The profile of a study: compute and update from its step records (``measured``: worker
     count to records), the link, a scheduler hop and the sum rate timed on ``workers``.
 
-    Compute is fitted as ``fixed + rows x per_sample`` over the counts' shard sizes and any
-    more ``compute`` points ``(rows, seconds)`` (per sample only, from one point); the
-    per-step overhead is what the smallest count's step time leaves after the modelled parts.
+    Compute is fitted as ``fixed + rows x per_sample`` to the smallest count's shard and any
+    more ``compute`` points ``(rows, seconds)`` timed with as many workers (per sample only,
+    from one point): larger counts may share cores and are left out. The per-step overhead is
+    what the smallest count's mean step time leaves after the modelled parts.
     """
     workers = list(workers)
-    points = [(math.ceil(batch_size / k), _median(r, "compute_seconds")) for k, r in sorted(measured.items())]
-    points = [(rows, c) for rows, c in [*points, *compute] if c is not None]
-    fixed, per_sample = probe.fit_line(*zip(*points)) if points else (0.0, 0.0)
     first = min(measured)
-    step = _median(measured[first], "time")
+    points = [(rows, c) for rows, c in [(math.ceil(batch_size / first), _median(measured[first], "compute_seconds")),
+                                        *compute] if c is not None]  # fmt: skip
+    fixed, per_sample = probe.fit_line(*zip(*points)) if points else (0.0, 0.0)
+    step = statistics.fmean(r["time"] for r in measured[first])
     update = _median(measured[first], "update_seconds") or 0.0
     if not points:  # an engine that does not time its compute: all of a step is compute
         per_sample = max(step - update, 0.0) / math.ceil(batch_size / first)

@@ -58,10 +58,10 @@ class Link:
 
 #: Links to assume instead of the measured one (``Assumptions(link=...)``).
 LINKS = {
-    "10gbe": Link("10 GbE, NCCL-class transport (1.25 GB/s, 50 µs a message)", 1.25e9, 50e-6),
-    "25gbe": Link("25 GbE, NCCL-class transport (3.1 GB/s, 30 µs a message)", 3.125e9, 30e-6),
-    "infiniband": Link("InfiniBand EDR, NCCL over RDMA (12.5 GB/s, 5 µs a message)", 12.5e9, 5e-6),
-    "nvlink": Link("NVLink within a node, NCCL (100 GB/s, 5 µs a message)", 100e9, 5e-6),
+    "10gbe": Link("10 GbE, NCCL-class transport", 1.25e9, 50e-6),
+    "25gbe": Link("25 GbE, NCCL-class transport", 3.125e9, 30e-6),
+    "infiniband": Link("InfiniBand EDR, NCCL over RDMA", 12.5e9, 5e-6),
+    "nvlink": Link("NVLink within a node, NCCL", 100e9, 5e-6),
 }
 
 

@@ -39,20 +39,20 @@ def _time_allreduce(group: CollectiveGroup, sizes: tuple, repeats: int) -> list[
 
 
 def fit_line(xs, ys) -> tuple[float, float]:
-    """Least-squares ``y = a + b x`` with ``a, b >= 0`` (cruder estimates where noise makes one negative).
+    """Least-squares ``y = a + b x`` with ``a, b >= 0``.
 
     >>> [round(v, 6) for v in fit_line([1, 2, 3], [3, 5, 7])]
     [1.0, 2.0]
     >>> [round(v, 6) for v in fit_line([1, 2, 3], [5, 4, 4])]
-    [5.0, 1.333333]
+    [4.333333, 0.0]
     """
     x, y = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
     if len(x) < 2 or np.ptp(x) == 0:
         return 0.0, float(np.mean(y / np.where(x > 0, x, 1)))
     b, a = np.polyfit(x, y, 1)
-    if b <= 0:  # noise larger than the slope: the smallest sample's fixed cost, the largest's cost per unit
-        return float(y[np.argmin(x)]), float(y[np.argmax(x)] / x.max())
-    if a < 0:  # noise larger than the intercept: all of it cost per unit, through the origin
+    if b <= 0:  # the constrained least squares: no growth, the mean
+        return float(np.mean(y)), 0.0
+    if a < 0:  # through the origin
         return 0.0, float(np.dot(x, y) / np.dot(x, x))
     return float(a), float(b)
 

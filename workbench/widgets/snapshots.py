@@ -133,6 +133,7 @@ def training_svg(title: str, state: dict) -> str:
 
 #: Colours of the predicted curves, by strategy (as static/scaling_view.js draws them).
 PREDICTED_COLOR = {"allreduce": "#1a7f37", "parameter_server": "#bc4c00"}
+COLOR_NAMES = {"#1a7f37": "green", "#bc4c00": "orange", "#8250df": "purple", "#bf3989": "pink", "#0969da": "blue"}
 
 
 def _predicted_series(predicted: list[dict], key: str, at) -> list:
@@ -155,14 +156,14 @@ def scaling_svg(state: dict) -> str:
     base = counts[0] if counts else 1
     base_rate = rows[0]["samples_per_s"] if rows and rows[0]["workers"] == base else None
     series = [([[at(r["workers"]), r["samples_per_s"]] for r in rows], "#0969da", False)]
-    if base_rate:
-        series.append(([[at(n), base_rate * n / base] for n in every], "#8c959f", True))
+    if base_rate and not predicted:  # with predictions the efficiency chart shows the ideal
+        series.append(([[at(n), base_rate * n / base] for n in counts], "#8c959f", True))
     key, label = ("efficiency", "efficiency (dashed: ideal, predicted)") if predicted else ("speedup", "speedup (dashed: ideal)")
     ideal = (lambda n: 1.0) if predicted else (lambda n: n / base)  # noqa: E731
     second = [([[at(r["workers"]), r[key]] for r in rows], "#0969da", False), ([[at(n), ideal(n)] for n in every], "#8c959f", True)]
     series += _predicted_series(predicted, "samples_per_s", at)
     second += _predicted_series(predicted, key, at)
-    title = "samples/s (dashed: ideal, predicted)" if predicted else "samples/s (dashed: ideal)"
+    title = "samples/s (dashed: predicted)" if predicted else "samples/s (dashed: ideal)"
     body = [
         element("text", head, x=8, y=16, font_weight="600", fill=INK),
         line_chart(8, 26, title, series, x_label="workers", width=300, height=180, zero=True, ticks=ticks),
@@ -172,16 +173,18 @@ def scaling_svg(state: dict) -> str:
     lines = _legend(predicted) + [f"assumes {a}" for a in assumptions]
     body += [element("text", line, x=8, y=226 + 16 * i, fill=MUTED) for i, line in enumerate(lines)]
     table_rows = len(counts) + len({(r["workers"], r["strategy"]) for r in predicted if r["workers"] not in counts})
-    return document(960, max(212 + 16 * len(lines) + 8, 72 + 18 * table_rows), body, head)
+    return document(1010 if predicted else 960, max(212 + 16 * len(lines) + 8, 72 + 18 * table_rows), body, head)
 
 
 def _legend(predicted: list[dict]) -> list[str]:
     strategies = list(dict.fromkeys(r["strategy"] for r in predicted))
-    return [f"predicted, dashed: {', '.join(f'{s} ({PREDICTED_COLOR.get(s, COLORS[3])})' for s in strategies)}"] if strategies else []
+    colors = [COLOR_NAMES.get(PREDICTED_COLOR.get(s, COLORS[3 + i % 3]), "") for i, s in enumerate(strategies)]
+    return [f"predicted, dashed: {', '.join(f'{s} ({c})' for s, c in zip(strategies, colors))}"] if strategies else []
 
 
 def _scaling_table(rows: list[dict], counts: list[int], base: int, predicted: list[dict]) -> list[str]:
-    columns = (("workers", 0), ("samples/s", 60), ("speedup", 140), ("ideal", 205), ("efficiency", 255))
+    columns = ((("workers", 0), ("samples/s", 140), ("speedup", 210), ("ideal", 270), ("efficiency", 320)) if predicted
+               else (("workers", 0), ("samples/s", 60), ("speedup", 140), ("ideal", 205), ("efficiency", 255)))  # fmt: skip
     body = [element("text", name, x=632 + dx, y=44, font_weight="600", fill=INK) for name, dx in columns]
     by_count = {r["workers"]: r for r in rows}
     lines = []

@@ -44,7 +44,7 @@ function chart(label, counts, rows, key, ideal, predicted = []) {
     const pts = p.points.filter((q) => isFinite(q.value));
     if (!pts.length) continue;
     const d = pts.map((q, i) => `${i ? "L" : "M"} ${sx(q.workers)} ${sy(q.value)}`).join(" ");
-    el("path", { d, class: "wb-line wb-predicted", stroke: PREDICTED[p.strategy] || "#8250df", "stroke-dasharray": "5 4",
+    el("path", { d, class: "wb-line wb-predicted", fill: "none", stroke: PREDICTED[p.strategy] || "#8250df", "stroke-dasharray": "5 4",
                  "data-strategy": p.strategy }, svg);
   }
   const pts = rows.filter((r) => isFinite(r[key]));
@@ -113,8 +113,8 @@ function render({ model, el: root }) {
     }
     const rateIdeal = baseRate ? (n) => (baseRate * n) / base : null;
     row.replaceChildren(
-      predicted.length
-        ? chart("samples/s (dashed: ideal, predicted)", every, rows, "samples_per_s", rateIdeal, curves(predicted, "samples_per_s"))
+      predicted.length  // the efficiency chart shows the ideal
+        ? chart("samples/s (dashed: predicted)", every, rows, "samples_per_s", null, curves(predicted, "samples_per_s"))
         : chart("samples/s (dashed: ideal)", counts, rows, "samples_per_s", rateIdeal),
       predicted.length
         ? chart("efficiency (dashed: ideal, predicted)", every, rows, "efficiency", () => 1, curves(predicted, "efficiency"))
@@ -122,7 +122,8 @@ function render({ model, el: root }) {
       table,
     );
     const strategies = [...new Set(predicted.map((r) => r.strategy))];
-    const lines = strategies.length ? [`predicted, dashed: ${strategies.join(", ")}`] : [];
+    const names = { allreduce: "green", parameter_server: "orange" };
+    const lines = strategies.length ? [`predicted, dashed: ${strategies.map((x) => `${x} (${names[x] || "purple"})`).join(", ")}`] : [];
     notes.replaceChildren(...[...lines, ...(s.assumptions || []).map((a) => `assumes ${a}`)].map((text) => {
       const p = document.createElement("div");
       p.textContent = text;
