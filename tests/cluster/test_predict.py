@@ -1,8 +1,8 @@
 """The scaling predictor on a real cluster of 3 worker processes: the probe, and predictions
 from one worker's profile against what 2 and 3 workers measure.
 
-The bounds are loose (a 2-core machine shared with other work moves every timing);
-bench/predict.py reports the errors precisely.
+The bounds are loose (within a factor of 2: a 2-core machine shared with other work moves
+every timing, and 3 workers share its 2 cores); bench/predict.py reports the errors precisely.
 """
 
 import math
@@ -41,7 +41,7 @@ def test_hop_and_sum_rate_are_timed_on_a_worker(client3):
     assert probe.measure_sum_rate(client3, worker, nbytes=4 << 20) > 1e7
 
 
-def _steps(client, graph, train, data, batch, k, steps=8, warmup=3):
+def _steps(client, graph, train, data, batch, k, steps=12, warmup=3):
     sess = wb.Session(graph, cluster=client)
     history = sess.fit(train, data, batch_size=batch, steps=warmup + steps, replicas=k, workers=workers_of(client)[:k],
                        sync_every=warmup + steps, strategy="parameter_server")  # fmt: skip
@@ -57,14 +57,14 @@ def test_a_profile_from_one_worker_predicts_two_and_three(client3, kit):
     model_bytes = sum(v.nbytes for n, v in sess.variables.items() if re.fullmatch(r"[wb]\d", n))  # not Adam's slots
     profile = measure_profile(client3, workers_of(client3), {1: one}, batch, "parameter_server", model_bytes,
                               compute=compute)  # fmt: skip
-    assert profile.hop > 0 and profile.latency >= 0 and profile.bandwidth < math.inf and profile.compute_per_sample > 0
+    assert profile.hop > 0 and profile.latency >= 0 and profile.bandwidth < math.inf and profile.compute(batch) > 0
     shared = model.Assumptions(cores=len(os.sched_getaffinity(0)))  # the 3 workers share this machine
     predicted = {r["workers"]: r for r in model.predict(profile, [1, 2, 3], ["parameter_server"], shared)}
-    # calibrated at one worker: the prediction there is the measurement
-    assert predicted[1]["step_seconds"] == pytest.approx(statistics.median(r["time"] for r in one), rel=0.05)
+    # calibrated at one worker: the prediction there is the measurement (its mean step)
+    assert predicted[1]["step_seconds"] == pytest.approx(statistics.fmean(r["time"] for r in one), rel=0.05)
     for k in (2, 3):
         measured = statistics.median(r["time"] for r in _steps(client3, m["graph"], m["train"], data, batch, k)[0])
-        assert predicted[k]["step_seconds"] == pytest.approx(measured, rel=0.5), k
+        assert 0.5 < predicted[k]["step_seconds"] / measured < 2.0, (k, predicted[k], measured)
 
 
 def test_scaling_study_predicts_each_strategy_and_says_what_it_assumes(client, kit):
