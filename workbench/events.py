@@ -254,8 +254,13 @@ class ScalingPoint(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ScalingFinished(Event):
+    """A scaling study ended: its measured ``rows``, and when it predicted, the ``predictions``
+    (rows with a ``strategy``) and the ``assumptions`` they rest on, in words."""
+
     kind: ClassVar[str] = "scaling_finished"
     rows: tuple = ()
+    predictions: tuple = ()
+    assumptions: tuple = ()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,8 @@ def _by_workers(row: dict) -> int:
 
 class ScalingView(View):
     """The rows of a scaling study as they arrive: samples/s and speedup per worker count
-    (ideal: proportional to the count), and the efficiency of each count.
+    (ideal: proportional to the count), and the efficiency of each count; when the study
+    predicted, each strategy's predictions as a dashed continuation, with the assumptions.
 
     >>> from workbench.events import ScalingPoint, ScalingStarted
     >>> view = ScalingView()
@@ -37,6 +38,8 @@ class ScalingView(View):
         super().__init__(**kwargs)
         self.planned: list[int] = []
         self.rows: list[dict] = []
+        self.predicted: list[dict] = []
+        self.assumptions: list[str] = []
         self.status = "waiting"
         self._sync()
 
@@ -47,7 +50,7 @@ class ScalingView(View):
     @handle.register
     def _started(self, event: ScalingStarted) -> bool:
         self.planned = [int(n) for n in event.workers]
-        self.rows, self.status = [], "running"
+        self.rows, self.predicted, self.assumptions, self.status = [], [], [], "running"
         return False
 
     @handle.register
@@ -61,6 +64,8 @@ class ScalingView(View):
     def _finished(self, event: ScalingFinished) -> bool:
         if event.rows:
             self.rows = sorted(({k: r.get(k) for k in _COLUMNS} for r in event.rows), key=_by_workers)
+        self.predicted = [{k: r.get(k) for k in (*_COLUMNS, "strategy")} for r in event.predictions]
+        self.assumptions = [str(a) for a in event.assumptions]
         self.status = "done"
         return True
 
@@ -69,7 +74,10 @@ class ScalingView(View):
         return self.status == "done"
 
     def _sync(self) -> None:
-        self.state = {"planned": self.planned, "rows": self.rows, "status": self.status}
+        state = {"planned": self.planned, "rows": self.rows, "status": self.status}
+        if self.predicted:  # only a study that predicted has these
+            state.update(predicted=self.predicted, assumptions=self.assumptions)
+        self.state = state
 
     def snapshot_state(self):
         return self.state

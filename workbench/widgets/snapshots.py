@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import re
 
 from workbench.widgets.statistics import stat_fill
@@ -141,33 +142,75 @@ def training_svg(title: str, state: dict) -> str:
     return document(width, y + 4, body, head)
 
 
+#: Colours of the predicted curves, by strategy (as static/scaling_view.js draws them).
+PREDICTED_COLOR = {"allreduce": "#1a7f37", "parameter_server": "#bc4c00"}
+COLOR_NAMES = {"#1a7f37": "green", "#bc4c00": "orange", "#8250df": "purple", "#bf3989": "pink", "#0969da": "blue"}
+
+
+def _predicted_series(predicted: list[dict], key: str, at) -> list:
+    strategies = list(dict.fromkeys(r["strategy"] for r in predicted))
+    return [([[at(r["workers"]), r[key]] for r in predicted if r["strategy"] == s],
+             PREDICTED_COLOR.get(s, COLORS[3 + i % 3]), True) for i, s in enumerate(strategies)]  # fmt: skip
+
+
 def scaling_svg(state: dict) -> str:
-    """The scaling view: samples/s and speedup against workers beside the ideal line, and the table."""
+    """The scaling view: samples/s and speedup against workers beside the ideal line, and the table;
+    with predictions, each strategy's as a dashed continuation (worker counts on a log scale, efficiency
+    in place of speedup) and the assumptions under the charts."""
     rows, planned = state.get("rows") or [], state.get("planned") or []
+    predicted, assumptions = state.get("predicted") or [], state.get("assumptions") or []
     head = f"scaling study · {state.get('status') or 'waiting'} · {len(rows)} of {len(planned) or len(rows)} worker counts"
     counts = sorted({*planned, *(r["workers"] for r in rows)})
+    every = sorted({*counts, *(r["workers"] for r in predicted)})
+    at = (lambda n: math.log2(n)) if predicted else (lambda n: n)  # noqa: E731
+    ticks = [(at(n), n) for n in every] if predicted else counts
     base = counts[0] if counts else 1
     base_rate = rows[0]["samples_per_s"] if rows and rows[0]["workers"] == base else None
-    measured = [[r["workers"], r["samples_per_s"]] for r in rows]
-    series = [(measured, "#0969da", False)]
-    if base_rate:
-        series.append(([[n, base_rate * n / base] for n in counts], "#8c959f", True))
-    speedup = [([[r["workers"], r["speedup"]] for r in rows], "#0969da", False),
-               ([[n, n / base] for n in counts], "#8c959f", True)]  # fmt: skip
+    series = [([[at(r["workers"]), r["samples_per_s"]] for r in rows], "#0969da", False)]
+    if base_rate and not predicted:  # with predictions the efficiency chart shows the ideal
+        series.append(([[at(n), base_rate * n / base] for n in counts], "#8c959f", True))
+    key, label = ("efficiency", "efficiency (dashed: ideal, predicted)") if predicted else ("speedup", "speedup (dashed: ideal)")
+    ideal = (lambda n: 1.0) if predicted else (lambda n: n / base)  # noqa: E731
+    second = [([[at(r["workers"]), r[key]] for r in rows], "#0969da", False), ([[at(n), ideal(n)] for n in every], "#8c959f", True)]
+    series += _predicted_series(predicted, "samples_per_s", at)
+    second += _predicted_series(predicted, key, at)
+    title = "samples/s (dashed: predicted)" if predicted else "samples/s (dashed: ideal)"
     body = [
         element("text", head, x=8, y=16, font_weight="600", fill=INK),
-        line_chart(8, 26, "samples/s (dashed: ideal)", series, x_label="workers", width=300, height=180, zero=True, ticks=counts),
-        line_chart(316, 26, "speedup (dashed: ideal)", speedup, x_label="workers", width=300, height=180, zero=True, ticks=counts),
+        line_chart(8, 26, title, series, x_label="workers", width=300, height=180, zero=True, ticks=ticks),
+        line_chart(316, 26, label, second, x_label="workers", width=300, height=180, zero=True, ticks=ticks),
     ]
-    columns = (("workers", 0), ("samples/s", 60), ("speedup", 140), ("ideal", 205), ("efficiency", 255))
-    body += [element("text", name, x=632 + dx, y=44, font_weight="600", fill=INK) for name, dx in columns]
+    body += _scaling_table(rows, counts, base, predicted)
+    lines = _legend(predicted) + [f"assumes {a}" for a in assumptions]
+    body += [element("text", line, x=8, y=226 + 16 * i, fill=MUTED) for i, line in enumerate(lines)]
+    table_rows = len(counts) + len({(r["workers"], r["strategy"]) for r in predicted if r["workers"] not in counts})
+    return document(1010 if predicted else 960, max(212 + 16 * len(lines) + 8, 72 + 18 * table_rows), body, head)
+
+
+def _legend(predicted: list[dict]) -> list[str]:
+    strategies = list(dict.fromkeys(r["strategy"] for r in predicted))
+    colors = [COLOR_NAMES.get(PREDICTED_COLOR.get(s, COLORS[3 + i % 3]), "") for i, s in enumerate(strategies)]
+    return [f"predicted, dashed: {', '.join(f'{s} ({c})' for s, c in zip(strategies, colors))}"] if strategies else []
+
+
+def _scaling_table(rows: list[dict], counts: list[int], base: int, predicted: list[dict]) -> list[str]:
+    columns = ((("workers", 0), ("samples/s", 140), ("speedup", 210), ("ideal", 270), ("efficiency", 320)) if predicted
+               else (("workers", 0), ("samples/s", 60), ("speedup", 140), ("ideal", 205), ("efficiency", 255)))  # fmt: skip
+    body = [element("text", name, x=632 + dx, y=44, font_weight="600", fill=INK) for name, dx in columns]
     by_count = {r["workers"]: r for r in rows}
-    for i, n in enumerate(counts):
+    lines = []
+    for n in counts:
         r = by_count.get(n)
-        cells = [n, f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}×", f"{n / base:.2f}×", f"{r['efficiency']:.0%}"] if r \
-            else [n, "…", "…", f"{n / base:.2f}×", "…"]  # fmt: skip
-        body += [element("text", str(c), x=632 + dx, y=64 + 18 * i, fill=INK) for c, (_, dx) in zip(cells, columns)]
-    return document(960, max(212, 72 + 18 * len(counts)), body, head)
+        lines.append(([n, f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}×", f"{n / base:.2f}×", f"{r['efficiency']:.0%}"] if r
+                      else [n, "…", "…", f"{n / base:.2f}×", "…"], INK))  # fmt: skip
+    for r in predicted:
+        if r["workers"] not in counts:
+            cells = [f"{r['workers']} {r['strategy']}", f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}×",
+                     f"{r['workers'] / base:.2f}×", f"{r['efficiency']:.0%}"]  # fmt: skip
+            lines.append((cells, PREDICTED_COLOR.get(r["strategy"], MUTED)))
+    for i, (cells, color) in enumerate(lines):
+        body += [element("text", str(c), x=632 + dx, y=64 + 18 * i, fill=color) for c, (_, dx) in zip(cells, columns)]
+    return body
 
 
 def _bytes(n) -> str:

@@ -78,7 +78,8 @@ def line_chart(
     width: int = 260, height: int = 130, zero: bool = False, ticks=None,
 ) -> str:  # fmt: skip
     """A chart at (x, y) of ``series``: (points [[x, y], ...], color, dashed) each; the first series'
-    last value is in the label. ``zero`` starts the value axis at 0; ``ticks`` labels those x values."""
+    last value is in the label. ``zero`` starts the value axis at 0; ``ticks`` labels those x values
+    (a ``(value, label)`` pair writes its own label)."""
     left, right, top, bottom = 44, 8, 18, 18 if ticks is None else 28
     points = [p for pts, _, _ in series for p in pts if _finite(p[1])]
     first = [p for p in (series[0][0] if series else []) if _finite(p[1])]
@@ -107,8 +108,8 @@ def line_chart(
         if ticks is None:
             body.append(element("text", f"{x_label} {round(x1)}", x=width - right, y=height - 4, text_anchor="end", fill=MUTED))
         else:
-            body += [element("text", str(t), x=f"{sx(t):.1f}", y=height - bottom + 12, text_anchor="middle", fill=MUTED)
-                     for t in ticks]  # fmt: skip
+            body += [element("text", str(text), x=f"{sx(t):.1f}", y=height - bottom + 12, text_anchor="middle", fill=MUTED)
+                     for t, text in (t if isinstance(t, tuple) else (t, t) for t in ticks)]  # fmt: skip
             body.append(element("text", x_label, x=(left + width - right) / 2, y=height - 3, text_anchor="middle", fill=MUTED))
         for pts, color, dashed in series:
             pts = [p for p in pts if _finite(p[1])]
