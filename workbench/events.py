@@ -112,7 +112,8 @@ class FitStarted(Event):
     """``Session.fit`` started: ``steps`` in all, from ``start`` (a resumed checkpoint's step).
 
     ``fetches`` are the labels of the recorded fetches; ``strategy`` is the step
-    engine (``"local"``, ``"parameter_server"``, ...); ``replicas`` and
+    engine (``"local"``, ``"allreduce"``, ``"parameter_server"``, ...) and ``reason``
+    says why, when ``fit`` chose it for one (the default could not train this fit); ``replicas`` and
     ``workers`` are set on a cluster, and ``scheduler`` (its address) where the
     engine runs on one; ``graph_name`` is the graph's name, for displays.
     """
@@ -123,6 +124,7 @@ class FitStarted(Event):
     fetches: tuple = ()
     start: int = 0
     strategy: str = "local"
+    reason: str = ""
     replicas: int | None = None
     workers: int | None = None
     graph_name: str = ""

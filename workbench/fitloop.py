@@ -175,6 +175,7 @@ class FitLoop:
                 fetches=tuple(req.fetches),
                 start=start,
                 strategy=engine.strategy,
+                reason=getattr(engine, "reason", ""),
                 replicas=engine.replicas,
                 workers=engine.workers,
                 graph_name=req.graph.name,

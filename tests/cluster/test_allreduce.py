@@ -58,7 +58,7 @@ def test_trains_to_the_variables_of_local_training(client3, kit, workers, dtype,
     assert synced[4] == 5 and synced[9] == 10  # a host copy at each sync step
     kit.assert_same_variables(expected, variables, rtol=rtol)
     np.testing.assert_allclose([o.fetches[m["loss"].name] for o in outcomes], losses, rtol=rtol)
-    trained = [v for _, v in m["graph"].training[m["train"].name]["gradients"]]
+    trained = [v for _, v in m["graph"].training[m["train"].name].gradients]
     model_bytes = sum(expected[v].nbytes for v in trained)
     for o in outcomes:
         assert o.metrics["tasks"] == workers

@@ -48,7 +48,7 @@ def shards(index: np.ndarray, replicas: int) -> list[np.ndarray]:
     return np.array_split(index, replicas)
 
 
-PHASES = ("grad", "reduce", "update", "metrics", "host")
+PHASES = ("grad", "reduce", "update", "metrics", "host", "allreduce")
 _TASK_NAME = re.compile(rf"^(?P<graph>.+)-(?P<phase>{'|'.join(PHASES)})-(?P<step>\d+)(?:-(?P<rest>.*))?$")
 
 
