@@ -65,6 +65,17 @@ def test_trains_to_the_variables_of_local_training(client3, kit, workers, dtype,
         assert o.metrics["bytes_received"] <= 2 * (workers - 1) / workers * model_bytes * 1.05
 
 
+@pytest.mark.parametrize("strategy", ["allreduce", "parameter_server"])
+def test_fit_on_three_workers_matches_local_training(client3, kit, strategy):
+    m, data, _, expected, losses = local_run(kit, "float64", 24)
+    sess = wb.Session(m["graph"], seed=0, cluster=client3)
+    history = sess.fit(m["train"], data, batch_size=24, steps=STEPS, fetches={"loss": m["loss"]}, strategy=strategy,
+                       sync_every=5)  # fmt: skip
+    assert history.records[-1]["replicas"] == 3
+    kit.assert_same_variables(expected, sess.variables, rtol=1e-9)
+    np.testing.assert_allclose(history["loss"], losses, rtol=1e-9)
+
+
 def test_two_runs_share_the_workers_without_waiting_on_each_other(client3, kit):
     # each step task waits for its peers; were it to hold its worker's only thread meanwhile, two
     # runs could each hold one worker and wait for the other's forever

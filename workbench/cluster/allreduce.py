@@ -39,7 +39,7 @@ import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
 from workbench.cluster.communicator import tree_sum
-from workbench.cluster.lower import shards
+from workbench.cluster.lower import allreduce_calls, allreduce_key
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
 from workbench.errors import ClusterError, CollectiveError, FeedError
@@ -226,28 +226,18 @@ class AllReduceEngine:
         self.replicas = self.workers = len(members)
         self.started = [
             client.submit(start_replica, program, state, step, self.group, self.bucket_bytes, *data,
-                          key=(f"{self.name}-allreduce-start-r{i}", token), workers=[w], allow_other_workers=False,
+                          key=allreduce_key(self.name, "start", i, token), workers=[w], allow_other_workers=False,
                           priority=1 << 30, pure=False)  # fmt: skip
             for i, w in enumerate(members)
         ]
 
     def _submit(self, step: int, sync: bool) -> None:
         index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
-        group, parts = self.group, shards(index, self.group.size)
-        total, equal = len(index), len({len(p) for p in parts}) == 1
-        # equal shards: the sum scaled once by 1 / R; else each shard's gradient by its rows, the sum by 1 / total.
-        # (A loss scale is lowered by the shard's share for overflow only: the gradients come back unscaled.)
-        count = group.size if equal else total
-        scale = None if count == 1 else 1.0 / count  # applied once, to the sum
-        futures, offset = [], 0
-        for i, (part, worker) in enumerate(zip(parts, group.addresses)):
-            weight = 1.0 if equal else float(len(part))
-            key = (f"{self.name}-allreduce-{step}-r{i}", group.token)
-            futures.append(self.client.submit(
-                run_step, group.token, step, part, offset, weight, scale, len(part) / total, sync and i == 0,
-                self.started[i], key=key, workers=[worker], allow_other_workers=False, priority=-step, pure=False,
-            ))  # fmt: skip
-            offset += len(part)
+        group, futures = self.group, []
+        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
+        for (key, args), worker in zip(calls, group.addresses):
+            futures.append(self.client.submit(run_step, *args, key=key, workers=[worker], allow_other_workers=False,
+                                              priority=-step, pure=False))  # fmt: skip
         self.flight.append((step, futures))
 
     # -- results and failures ---------------------------------------------------------------------
