@@ -1,6 +1,7 @@
 """The Workbench page and /metrics served by real schedulers: a `dask scheduler --preload`, and workbench's local cluster."""
 
 import json
+import time
 import urllib.request
 
 import numpy as np
@@ -80,6 +81,8 @@ def test_page_and_metrics_follow_a_fit_on_a_preloaded_cli_scheduler(preloaded, f
     seen = {}
 
     def during(record):  # runs in the training loop: the fit is in progress
+        if record["step"] < 30:  # a step of this model takes milliseconds: paced, the forwarder
+            time.sleep(0.02)  # (4 summaries a second) has sent some by step 30
         if record["step"] == 30:
             seen["html"] = fetch(f"{dashboard}/individual-workbench")
             seen["metrics"] = fetch(f"{dashboard}/metrics")
