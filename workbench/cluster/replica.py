@@ -11,8 +11,10 @@ step task on that worker (:func:`run_step`):
    all-reduce at once, on the worker's event loop, while this thread goes on with the
    rest of the backward pass (buckets follow the order the backward pass produces the
    gradients, last layer first);
-2. waits for the buckets (bounded: a dead or hung peer raises ``CollectiveError``);
-   the sum is scaled once, by the rank that sums each chunk;
+2. waits for the sums to be in the buckets (bounded: a dead or hung peer raises
+   ``CollectiveError``); the sum is scaled once, by the rank that sums each chunk. The
+   peers' replies to what this rank sent (they have read it) are waited for only when
+   the next step is about to write into the buckets, off the step's critical path;
 3. applies the optimizer in place with the reduced gradients, views into the buckets;
 4. returns small numbers only (its weighted fetches, timings, bytes), plus a copy of the
    variables when the step is a sync point and this is rank 0.
@@ -90,6 +92,7 @@ class Replica:
         self.step = step
         self.failed: str | None = None
         self.turn = threading.Condition()
+        self._settling: list = []  # the last step's all-reduces, until peers have read what they sent
         device = open_worker_device(program.device, program.device_options)
         shipped = {"seed": program.seed, "optimized": True}  # the client pruned and optimized both graphs
         n = len(program.gradients)
@@ -171,6 +174,8 @@ class Replica:
         self.forward_state.update(self.variables)
         if program.loss_scale:  # as the parameter-server path: the shard's loss scaled by its share
             self.forward_state[program.loss_scale] = self.variables[program.loss_scale] * fetch_weight
+        for handle in self._settling:  # the buckets are ours to write again once peers have read them
+            handle.wait(self.group.timeout)
         self._step, self._weight, self._scale = step, weight, scale
         self._packed = [False] * n
         self._missing = [len(b.gradients) for b in self.buckets]
@@ -185,8 +190,9 @@ class Replica:
         computed = time.perf_counter()
         if not all(handle.done() for handle in self._handles):
             self._before_waiting()
-        for handle in self._handles:
-            handle.wait(self.group.timeout)
+        for handle in self._handles:  # the sums are in the buckets (read-only until the next step settles them)
+            handle.summed(self.group.timeout)
+        self._settling = self._handles
         reduced = time.perf_counter()
         self.update.run([self.views[i] for i in self.update_order])
         self.step = step
