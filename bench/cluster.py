@@ -20,9 +20,7 @@ turn), reported as medians over the rounds of each round's median step time:
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import socket
 import statistics
 import time
 
@@ -32,6 +30,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import numpy as np  # noqa: E402
 
 import workbench as wb  # noqa: E402
+from allreduce import Gloo  # noqa: E402  (bench/, the script's folder)
 
 SIZES = (784, 1024, 1024, 10)
 BATCHES = (256, 1024, 4096, 16384)
@@ -79,6 +78,7 @@ def workbench_step(client, batch: int, steps: int, strategy: str | None, fed: di
 
 
 def torch_rank(rank: int, port: int, pipe) -> None:
+    """A gloo rank: ``(mode, batch, steps)`` -> its median step time (``"single"``: rank 0 alone, no DDP)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -117,33 +117,6 @@ def torch_rank(rank: int, port: int, pipe) -> None:
     dist.destroy_process_group()
 
 
-class TorchPair:
-    """Two gloo ranks kept running: ``step("ddp" | "single", batch, steps)`` -> median seconds."""
-
-    def __init__(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        ctx = multiprocessing.get_context("spawn")
-        self.pipes, self.procs = [], []
-        for rank in range(2):
-            ours, theirs = ctx.Pipe()
-            self.procs.append(ctx.Process(target=torch_rank, args=(rank, port, theirs), daemon=True))
-            self.pipes.append(ours)
-            self.procs[-1].start()
-
-    def step(self, mode: str, batch: int, steps: int) -> float:
-        for pipe in self.pipes:
-            pipe.send((mode, batch, steps))
-        return [pipe.recv() for pipe in self.pipes][0]
-
-    def close(self) -> None:
-        for pipe in self.pipes:
-            pipe.send(None)
-        for proc in self.procs:
-            proc.join(30)
-
-
 # -- the run -----------------------------------------------------------------------------------
 
 
@@ -156,8 +129,8 @@ def one_round(client, torch, batches, steps, datasets, times: dict, seen: dict) 
             seconds, record = workbench_step(client, batch, n, strategy, fed)
             times[(strategy, batch)].append(seconds)
             seen[strategy] = record
-        times[("ddp one", batch)].append(torch.step("single", batch, n))
-        times[("ddp", batch)].append(torch.step("ddp", batch, n))
+        times[("ddp one", batch)].append(torch.ask(("single", batch, n))[0])
+        times[("ddp", batch)].append(torch.ask(("ddp", batch, n))[0])
 
 
 def report(batches, times: dict, seen: dict, rounds: int, steps: int) -> None:
@@ -204,7 +177,7 @@ def main():
     batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES[:3] if args.quick else BATCHES
     datasets = {b: data(max(b, 256)) for b in (OVERHEAD_BATCH, *batches)}
     client = wb.cluster.connect("local", n_workers=2)
-    torch = TorchPair()
+    torch = Gloo(torch_rank)
     times: dict = {}
     for key in [(s, b) for s in ("one", "ddp one", "ddp", *STRATEGIES) for b in (OVERHEAD_BATCH, *batches)]:
         times[key] = []

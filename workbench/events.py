@@ -146,7 +146,9 @@ class Step(Event):
     metrics : mapping
         What the step engine measured. Cluster engines report ``replicas``,
         ``compute_seconds``, ``reduce_seconds``, ``update_seconds``, ``workers``
-        (busy seconds per worker address), ``bytes_moved`` and ``dropped``.
+        (busy seconds per worker address), ``bytes_moved`` and ``dropped``; the
+        ``allreduce`` engine also ``bytes_received`` and ``bytes_sent`` (counted, the
+        most of one worker), ``tasks`` and ``restarts``.
     """
 
     kind: ClassVar[str] = "step"
