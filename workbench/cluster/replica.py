@@ -168,14 +168,14 @@ class Replica:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
 
     def _run(self, step, rows, offset, weight, scale, fetch_weight, sync) -> dict:
+        for handle in self._settling:  # the buckets are ours to write again once peers have read them
+            handle.wait(self.group.timeout)
         started = time.perf_counter()
         program, n = self.program, len(self.program.gradients)
         self.forward_state.clear()
         self.forward_state.update(self.variables)
         if program.loss_scale:  # as the parameter-server path: the shard's loss scaled by its share
             self.forward_state[program.loss_scale] = self.variables[program.loss_scale] * fetch_weight
-        for handle in self._settling:  # the buckets are ours to write again once peers have read them
-            handle.wait(self.group.timeout)
         self._step, self._weight, self._scale = step, weight, scale
         self._packed = [False] * n
         self._missing = [len(b.gradients) for b in self.buckets]
