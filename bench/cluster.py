@@ -155,7 +155,7 @@ def report(batches, times: dict, seen: dict, rounds: int, steps: int) -> None:
               f"{over / ddp_over:.2f}x |")  # fmt: skip
     record = seen["allreduce"]
     bound = 2 * (2 - 1) / 2 * MODEL_BYTES
-    print(f"\n## Traffic and tasks per step (2 workers)\n")
+    print("\n## Traffic and tasks per step (2 workers)\n")
     print(f"allreduce: {record['bytes_received'] / 1e6:.3f} MB received per worker per step (counted), "
           f"2(R-1)/R x model = {bound / 1e6:.3f} MB ({record['bytes_received'] / bound:.3f}x); "
           f"{record['tasks']} tasks per step")  # fmt: skip
