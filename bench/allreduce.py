@@ -68,9 +68,10 @@ def gloo_rank(rank: int, port: int, pipe) -> None:
 
 
 class Gloo:
-    """Two gloo ranks in their own processes, waiting for orders."""
+    """Two gloo ranks in their own processes, waiting for orders: ``target(rank, port, pipe)``
+    receives each order from its pipe (None: stop) and sends one reply."""
 
-    def __init__(self):
+    def __init__(self, target=None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -78,16 +79,19 @@ class Gloo:
         self.pipes, self.procs = [], []
         for rank in range(2):
             mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=gloo_rank, args=(rank, port, theirs), daemon=True)
+            proc = ctx.Process(target=target or gloo_rank, args=(rank, port, theirs), daemon=True)
             proc.start()
             self.pipes.append(mine)
             self.procs.append(proc)
 
-    def run(self, nbytes: int, iters: int) -> list[float]:
+    def ask(self, order) -> list:
+        """Each rank's reply to ``order``."""
         for p in self.pipes:
-            p.send((nbytes, iters))
-        per_rank = [p.recv() for p in self.pipes]
-        return [max(t) for t in zip(*per_rank)]
+            p.send(order)
+        return [p.recv() for p in self.pipes]
+
+    def run(self, nbytes: int, iters: int) -> list[float]:
+        return [max(t) for t in zip(*self.ask((nbytes, iters)))]
 
     def close(self) -> None:
         for p in self.pipes:

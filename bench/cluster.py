@@ -1,206 +1,197 @@
-"""Distributed training on this machine: scheduler overhead and scaling efficiency.
+"""Distributed training on this machine, side by side with PyTorch DDP, in one run.
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/cluster.py
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/cluster.py [--quick]
+        [--rounds N] [--steps N] [--batches 256,1024,...]
 
-Part 1, scheduler overhead per training step: workbench's ``fit`` on a model so
-small that compute is negligible, against the same chain of steps written by
-hand with plain Dask futures (R replica tasks pinned one per worker, a pairwise
-reduction, an update; each step depending on the last), on the same cluster.
-Also the tasks per step that lowering makes, for a shallow and a deep model.
+MLP 784-1024-1024-10, float32, SGD, one thread per process everywhere (``pip install
+torch``: benchmark only). Measured in interleaved rounds (every system once per round, in
+turn), reported as medians over the rounds of each round's median step time:
 
-Part 2, scaling efficiency, throughput(2 workers) / (2 x throughput(1 worker)),
-for an MLP from small to compute-bound global batches, side by side with
-PyTorch DistributedDataParallel (gloo, 2 processes against 1) on the same
-model and global batch. One thread per process everywhere.
+- E(2) = throughput on 2 workers / (2 x one-process throughput) at each global batch, for
+  workbench's ``allreduce`` and ``parameter_server`` strategies (2 Dask worker processes; the
+  one process is a local ``Session.fit``) and DDP (gloo, 2 processes; the one process is the
+  same model without DDP);
+- per-step overhead at global batch 64: step time on 2 workers minus half the one-process
+  step time, for each;
+- bytes received per worker per step, as the all-reduce counts them, against
+  ``2 (R - 1) / R`` x the model's bytes; tasks per step of each strategy.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import statistics
+import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
 import numpy as np  # noqa: E402
 
 import workbench as wb  # noqa: E402
+from allreduce import Gloo  # noqa: E402  (bench/, the script's folder)
 
-FEATURES, HIDDEN, CLASSES = 256, 1024, 10
-BATCHES = (256, 1024, 4096, 16384, 65536)
+SIZES = (784, 1024, 1024, 10)
+BATCHES = (256, 1024, 4096, 16384)
+OVERHEAD_BATCH = 64
+WARMUP = 3
+STRATEGIES = ("allreduce", "parameter_server")
 
 
-def mlp(features=FEATURES, hidden=HIDDEN, layers=2, name="mlp"):
-    g = wb.Graph(name=name)
+def mlp():
+    g = wb.Graph(name="mlp")
     with g.as_default():
-        x = wb.placeholder("x", shape=(None, features))
+        x = wb.placeholder("x", shape=(None, SIZES[0]))
         y = wb.placeholder("y", shape=(None,), dtype="int64")
-        h, width = x, features
-        for i in range(layers):
-            out = CLASSES if i == layers - 1 else hidden
-            w = wb.variable(f"w{i}", shape=(width, out))
-            b = wb.variable(f"b{i}", shape=(out,), init="zeros")
-            h = wb.matmul(h, w) + b
-            if i < layers - 1:
+        h = x
+        for i, (a, b) in enumerate(zip(SIZES, SIZES[1:])):
+            h = wb.matmul(h, wb.variable(f"w{i}", shape=(a, b))) + wb.variable(f"b{i}", shape=(b,), init="zeros")
+            if i < len(SIZES) - 2:
                 h = wb.relu(h)
-            width = out
         loss = wb.mean(wb.softmax_cross_entropy(h, y))
         train = wb.optimizers.SGD(0.01).minimize(loss)
-    return g, train
+    return g, train, loss
 
 
-def data(n, features=FEATURES, seed=0):
+def data(n: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    return {"x": rng.normal(size=(n, features)).astype("float32"), "y": rng.integers(0, CLASSES, n)}
+    return {"x": rng.normal(size=(n, SIZES[0])).astype("float32"), "y": rng.integers(0, SIZES[-1], n)}
 
 
-# -- part 1: scheduler overhead ---------------------------------------------------------
+MODEL_BYTES = 4 * sum(a * b + b for a, b in zip(SIZES, SIZES[1:]))
 
 
-def _replica(state, i):
-    return state + i
+# -- workbench ---------------------------------------------------------------------------------
 
 
-def _pair(a, b):
-    return a + b
+def workbench_step(client, batch: int, steps: int, strategy: str | None, fed: dict) -> tuple[float, dict]:
+    """Median step time (seconds) of one fit, and its last record; ``client=None``: a local fit."""
+    g, train, loss = mlp()
+    sess = wb.Session(g, seed=0, cluster=client if client is not None else False)
+    options = {} if client is None else {"strategy": strategy, "sync_every": steps + WARMUP}
+    h = sess.fit(train, fed, batch_size=batch, steps=steps + WARMUP, fetches=[loss], **options)
+    return statistics.median(r["time"] for r in h.records[WARMUP:]), h.records[-1]
 
 
-def _update(state, total):
-    return state + 0 * total
+# -- DDP: two long-lived gloo processes that take orders ----------------------------------------
 
 
-def plain_dask_chain(client, steps, replicas, workers, window=4):
-    """The minimum: the same task chain with plain futures, nothing computed."""
-    state = client.scatter(np.zeros(4), workers=workers[:1])
-    pending = []
-    started = time.perf_counter()
-    for step in range(steps):
-        level = [
-            client.submit(_replica, state, i, key=f"plain-{step}-r{i}", workers=[workers[i % len(workers)]], allow_other_workers=True)
-            for i in range(replicas)
-        ]
-        while len(level) > 1:
-            level = [client.submit(_pair, level[j], level[j + 1], key=f"plain-{step}-p{len(level)}-{j}") for j in range(0, len(level) - 1, 2)] + (
-                [level[-1]] if len(level) % 2 else []
-            )
-        state = client.submit(_update, state, level[0], key=f"plain-{step}-u")
-        pending.append(state)
-        if len(pending) > window:
-            pending.pop(0).result()
-    state.result()
-    return (time.perf_counter() - started) / steps
-
-
-def overhead(client, workers, steps=60, replicas=2):
-    g, train = mlp(features=4, hidden=4, name="tiny")
-    tiny = data(64, features=4)
-    rows = []
-    for _ in range(3):
-        sess = wb.Session(g, seed=0, cluster=client)
-        h = sess.fit(train, tiny, batch_size=16, steps=steps, replicas=replicas, workers=workers, sync_every=steps)
-        ours = statistics.median(r["time"] for r in h.records[5:])
-        plain = plain_dask_chain(client, steps, replicas, workers)
-        rows.append((ours, plain))
-    ours = statistics.median(r[0] for r in rows)
-    plain = statistics.median(r[1] for r in rows)
-    shallow = wb.cluster.lower(g, train, tiny, batch_size=16, replicas=replicas).tasks_per_step
-    deep_g, deep_train = mlp(features=4, hidden=4, layers=8, name="deep")
-    deep = wb.cluster.lower(deep_g, deep_train, tiny, batch_size=16, replicas=replicas).tasks_per_step
-    return ours, plain, shallow, deep, len(g.operations), len(deep_g.operations)
-
-
-# -- part 2: scaling --------------------------------------------------------------------
-
-
-def workbench_rate(client, workers, batch, steps):
-    g, train = mlp()
-    d = data(max(batch * 2, 4096))
-    sess = wb.Session(g, seed=0, cluster=client)
-    h = sess.fit(train, d, batch_size=batch, steps=steps + 3, replicas=len(workers), workers=workers, sync_every=steps + 3)
-    times = [r["time"] for r in h.records[3:]]
-    return batch / statistics.median(times)
-
-
-def torch_worker(rank, world, batch, steps, port, queue):
+def torch_rank(rank: int, port: int, pipe) -> None:
+    """A gloo rank: ``(mode, batch, steps)`` -> its median step time (``"single"``: rank 0 alone, no DDP)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
     torch.set_num_threads(1)
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, CLASSES))
-    if world > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    local = batch // world
-    rng = np.random.default_rng(rank)
-    x = torch.from_numpy(rng.normal(size=(local, FEATURES)).astype("float32"))
-    y = torch.from_numpy(rng.integers(0, CLASSES, local))
-    times = []
-    for step in range(steps + 3):
-        started = time.perf_counter()
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        times.append(time.perf_counter() - started)
-    if world > 1:
-        dist.barrier()
-        dist.destroy_process_group()
-    if rank == 0:
-        queue.put(statistics.median(times[3:]))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    while (order := pipe.recv()) is not None:
+        mode, batch, steps = order
+        if mode == "single" and rank == 1:
+            pipe.send(None)
+            continue
+        torch.manual_seed(0)
+        layers = []
+        for i, (a, b) in enumerate(zip(SIZES, SIZES[1:])):
+            layers.append(torch.nn.Linear(a, b))
+            if i < len(SIZES) - 2:
+                layers.append(torch.nn.ReLU())
+        model = torch.nn.Sequential(*layers)
+        if mode == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        local = batch // 2 if mode == "ddp" else batch
+        rng = np.random.default_rng(rank)
+        x = torch.from_numpy(rng.normal(size=(local, SIZES[0])).astype("float32"))
+        y = torch.from_numpy(rng.integers(0, SIZES[-1], local))
+        times = []
+        for _ in range(steps + WARMUP):
+            started = time.perf_counter()
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            times.append(time.perf_counter() - started)
+        if mode == "ddp":
+            dist.barrier()
+        pipe.send(statistics.median(times[WARMUP:]))
+    dist.destroy_process_group()
 
 
-def torch_rate(world, batch, steps):
-    import socket
+# -- the run -----------------------------------------------------------------------------------
 
-    import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=torch_worker, args=(r, world, batch, steps, port, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    seconds = queue.get(timeout=600)
-    for p in procs:
-        p.join(60)
-    return batch / seconds
+def one_round(client, torch, batches, steps, datasets, times: dict, seen: dict) -> None:
+    for batch in (OVERHEAD_BATCH, *batches):
+        n = steps if batch < 16384 else max(3, steps // 3)
+        fed = datasets[batch]
+        times[("one", batch)].append(workbench_step(None, batch, n, None, fed)[0])
+        for strategy in STRATEGIES:
+            seconds, record = workbench_step(client, batch, n, strategy, fed)
+            times[(strategy, batch)].append(seconds)
+            seen[strategy] = record
+        times[("ddp one", batch)].append(torch.ask(("single", batch, n))[0])
+        times[("ddp", batch)].append(torch.ask(("ddp", batch, n))[0])
+
+
+def report(batches, times: dict, seen: dict, rounds: int, steps: int) -> None:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"MLP {'-'.join(map(str, SIZES))} float32 SGD; 2 workers x 1 thread; medians of {rounds} interleaved "
+          f"rounds x {steps} steps; numpy {np.__version__}, cpu count {os.cpu_count()}\n")  # fmt: skip
+    print("## E(2) = throughput(2) / (2 x throughput(1 process))\n")
+    print("| global batch | allreduce | parameter_server | DDP (gloo) | 1 process ms/step (wb / torch) |")
+    print("|---:|---:|---:|---:|---:|")
+    for b in batches:
+        e = {s: med[("one", b)] / (2 * med[(s, b)]) for s in STRATEGIES}
+        ddp = med[("ddp one", b)] / (2 * med[("ddp", b)])
+        print(f"| {b} | {e['allreduce']:.2f} | {e['parameter_server']:.2f} | {ddp:.2f} | "
+              f"{med[('one', b)] * 1e3:.1f} / {med[('ddp one', b)] * 1e3:.1f} |")  # fmt: skip
+    b = OVERHEAD_BATCH
+    print(f"\n## Per-step overhead at global batch {b}: step(2) - step(1 process) / 2\n")
+    print("| | step on 2, ms | 1 process, ms | overhead, ms | vs DDP |\n|---|---:|---:|---:|---:|")
+    ddp_over = med[("ddp", b)] - med[("ddp one", b)] / 2
+    for name, key, one in [*((s, s, "one") for s in STRATEGIES), ("DDP (gloo)", "ddp", "ddp one")]:
+        over = med[(key, b)] - med[(one, b)] / 2
+        print(f"| {name} | {med[(key, b)] * 1e3:.1f} | {med[(one, b)] * 1e3:.1f} | {over * 1e3:.1f} | "
+              f"{over / ddp_over:.2f}x |")  # fmt: skip
+    record = seen["allreduce"]
+    bound = 2 * (2 - 1) / 2 * MODEL_BYTES
+    print("\n## Traffic and tasks per step (2 workers)\n")
+    print(f"allreduce: {record['bytes_received'] / 1e6:.3f} MB received per worker per step (counted), "
+          f"2(R-1)/R x model = {bound / 1e6:.3f} MB ({record['bytes_received'] / bound:.3f}x); "
+          f"{record['tasks']} tasks per step")  # fmt: skip
+    g, train, _ = mlp()
+    ps_tasks = wb.cluster.lower(g, train, data(64), batch_size=64, replicas=2).tasks_per_step
+    print(f"parameter_server: {MODEL_BYTES * 2 / 1e6:.3f} MB through task results per step (gradients to the "
+          f"reducer, variables back; not counted); {ps_tasks} tasks per step")  # fmt: skip
 
 
 def main():
-    quick = "--quick" in sys.argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one round, few steps, batches up to 4096")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--batches", default=None, help="comma-separated global batches")
+    args = parser.parse_args()
+    rounds = args.rounds or (1 if args.quick else 5)
+    steps = args.steps or (4 if args.quick else 12)
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else BATCHES[:3] if args.quick else BATCHES
+    datasets = {b: data(max(b, 256)) for b in (OVERHEAD_BATCH, *batches)}
     client = wb.cluster.connect("local", n_workers=2)
-    workers = sorted(client.scheduler_info()["workers"])
-    print(f"cluster: {len(workers)} worker processes x 1 thread; numpy {np.__version__}; cpu count {os.cpu_count()}")
-    ours, plain, shallow, deep, ops_shallow, ops_deep = overhead(client, workers)
-    print("\n## Scheduler overhead per step (2 replicas on 2 workers, negligible compute)\n")
-    print("| | ms/step |\n|---|---:|")
-    print(f"| workbench fit | {ours * 1e3:.1f} |\n| plain Dask futures, same chain | {plain * 1e3:.1f} |")
-    print(f"| ratio | {ours / plain:.2f}x |")
-    print(f"\ntasks per step (2 replicas): {shallow} for a {ops_shallow}-op graph, {deep} for a {ops_deep}-op graph (2R+1 = 5)")
-    print("\n## Scaling efficiency, throughput(2) / (2 x throughput(1)), MLP 256-1024-10, SGD, float32\n")
-    print("| global batch | wb 1 worker (samples/s) | wb 2 workers | wb efficiency | DDP 1 proc | DDP 2 procs | DDP efficiency |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    results = []
-    for batch in BATCHES:
-        steps = 5 if quick else max(5, min(12, 200_000 // batch))
-        one = workbench_rate(client, workers[:1], batch, steps)
-        two = workbench_rate(client, workers, batch, steps)
-        t1 = torch_rate(1, batch, steps)
-        t2 = torch_rate(2, batch, steps)
-        eff, teff = two / (2 * one), t2 / (2 * t1)
-        results.append((batch, eff, teff))
-        print(f"| {batch} | {one:,.0f} | {two:,.0f} | {eff:.0%} | {t1:,.0f} | {t2:,.0f} | {teff:.0%} |", flush=True)
-    below = [b for b, e, _ in results if e < 0.5]
-    print(f"\nworkbench efficiency falls below 50% at global batch {max(below) if below else 'none measured'} and under")
-    wb.cluster.close(client)
+    torch = Gloo(torch_rank)
+    times: dict = {}
+    for key in [(s, b) for s in ("one", "ddp one", "ddp", *STRATEGIES) for b in (OVERHEAD_BATCH, *batches)]:
+        times[key] = []
+    seen: dict = {}
+    try:
+        for r in range(rounds):
+            started = time.perf_counter()
+            one_round(client, torch, batches, steps, datasets, times, seen)
+            print(f"round {r + 1}/{rounds}: {time.perf_counter() - started:.0f} s", flush=True)
+        print()
+        report(batches, times, seen, rounds, steps)
+    finally:
+        torch.close()
+        wb.cluster.close(client)
 
 
 if __name__ == "__main__":

@@ -112,7 +112,8 @@ class FitStarted(Event):
     """``Session.fit`` started: ``steps`` in all, from ``start`` (a resumed checkpoint's step).
 
     ``fetches`` are the labels of the recorded fetches; ``strategy`` is the step
-    engine (``"local"``, ``"parameter_server"``, ...); ``replicas`` and
+    engine (``"local"``, ``"allreduce"``, ``"parameter_server"``, ...) and ``reason``
+    says why, when ``fit`` chose it for one (the default could not train this fit); ``replicas`` and
     ``workers`` are set on a cluster, and ``scheduler`` (its address) where the
     engine runs on one; ``graph_name`` is the graph's name, for displays.
     """
@@ -123,6 +124,7 @@ class FitStarted(Event):
     fetches: tuple = ()
     start: int = 0
     strategy: str = "local"
+    reason: str = ""
     replicas: int | None = None
     workers: int | None = None
     graph_name: str = ""
@@ -144,7 +146,9 @@ class Step(Event):
     metrics : mapping
         What the step engine measured. Cluster engines report ``replicas``,
         ``compute_seconds``, ``reduce_seconds``, ``update_seconds``, ``workers``
-        (busy seconds per worker address), ``bytes_moved`` and ``dropped``.
+        (busy seconds per worker address), ``bytes_moved`` and ``dropped``; the
+        ``allreduce`` engine also ``bytes_received`` and ``bytes_sent`` (counted, the
+        most of one worker), ``tasks`` and ``restarts``.
     stats : mapping
         On the steps where ``fit(..., stats=k)`` fetched them: the model's statistics by
         ``"<op>/<stat>"`` (see :mod:`workbench.graph.probes`); empty on other steps. Not

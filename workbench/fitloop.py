@@ -7,8 +7,9 @@ that the request's strategy makes:
 - :class:`LocalSteps` runs the session's compiled plan on its device, one batch
   a step;
 - cluster engines (:mod:`workbench.cluster.engines`) run the steps on a Dask
-  cluster; ``"parameter_server"`` is the task-graph path of
-  :mod:`workbench.cluster.fit`.
+  cluster: ``"allreduce"`` (the default) all-reduces gradients worker to worker
+  (:mod:`workbench.cluster.allreduce`), ``"parameter_server"`` is the task-graph
+  path of :mod:`workbench.cluster.fit`.
 
 The loop owns what every engine shares: resuming from the newest checkpoint,
 the records of :class:`~workbench.training.History`, the typed events
@@ -199,6 +200,7 @@ class FitLoop:
                 fetches=tuple(req.fetches),
                 start=start,
                 strategy=engine.strategy,
+                reason=getattr(engine, "reason", ""),
                 replicas=engine.replicas,
                 workers=engine.workers,
                 graph_name=req.graph.name,

@@ -311,7 +311,10 @@ class Session:
             Cluster options (see :class:`workbench.cluster.ClusterOptions`): steps in
             flight, steps between host copies of the variables, the workers to use,
             extra shards per step whose slowest are dropped (Chen et al. 2016), and the
-            step engine (default ``"parameter_server"``; locally only ``"local"``).
+            step engine: ``"allreduce"`` (the default: gradients all-reduced worker to
+            worker inside each step's tasks) or ``"parameter_server"`` (a task graph per
+            step; what ``backup_replicas``, dask-array data and GPU sessions use, chosen
+            by itself for them when no strategy is named); locally only ``"local"``.
         validation : tuple (data, every_k_steps), optional
             Held-out data (as ``data``) on which the fetches are evaluated every k steps,
             recorded as ``val_<label>`` (see :mod:`workbench.validation`).
@@ -332,11 +335,11 @@ class Session:
         if self.client is None:
             engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
         else:
-            from workbench.cluster.engines import DEFAULT_STRATEGY, make_engine
+            from workbench.cluster.engines import make_engine
             from workbench.cluster.options import ClusterOptions
 
             chosen = tuple(workers) if workers is not None else None
-            options = ClusterOptions(strategy or DEFAULT_STRATEGY, replicas, window, sync_every, chosen, backup_replicas)
+            options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas)
             engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
         history, final = loop.run(engine, self.variables)

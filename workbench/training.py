@@ -68,7 +68,8 @@ def check_data(data: dict) -> int:
 
 
 _NOT_METRICS = {"step", "time", "samples_per_s", "replicas", "workers", "dropped",
-                "compute_seconds", "reduce_seconds", "update_seconds", "bytes_moved"}
+                "compute_seconds", "reduce_seconds", "update_seconds", "bytes_moved",
+                "bytes_received", "bytes_sent", "restarts", "tasks"}
 
 
 def _scalar(value):

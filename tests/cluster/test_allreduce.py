@@ -58,11 +58,22 @@ def test_trains_to_the_variables_of_local_training(client3, kit, workers, dtype,
     assert synced[4] == 5 and synced[9] == 10  # a host copy at each sync step
     kit.assert_same_variables(expected, variables, rtol=rtol)
     np.testing.assert_allclose([o.fetches[m["loss"].name] for o in outcomes], losses, rtol=rtol)
-    trained = [v for _, v in m["graph"].training[m["train"].name]["gradients"]]
+    trained = [v for _, v in m["graph"].training[m["train"].name].gradients]
     model_bytes = sum(expected[v].nbytes for v in trained)
     for o in outcomes:
         assert o.metrics["tasks"] == workers
         assert o.metrics["bytes_received"] <= 2 * (workers - 1) / workers * model_bytes * 1.05
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "parameter_server"])
+def test_fit_on_three_workers_matches_local_training(client3, kit, strategy):
+    m, data, _, expected, losses = local_run(kit, "float64", 24)
+    sess = wb.Session(m["graph"], seed=0, cluster=client3)
+    history = sess.fit(m["train"], data, batch_size=24, steps=STEPS, fetches={"loss": m["loss"]}, strategy=strategy,
+                       sync_every=5)  # fmt: skip
+    assert history.records[-1]["replicas"] == 3
+    kit.assert_same_variables(expected, sess.variables, rtol=1e-9)
+    np.testing.assert_allclose(history["loss"], losses, rtol=1e-9)
 
 
 def test_two_runs_share_the_workers_without_waiting_on_each_other(client3, kit):

@@ -95,3 +95,22 @@ def test_bad_arguments_are_named():
         Communicator("g", 0, ["a"], None, Mailbox(), None, algorithm="tree")
     with pytest.raises(ClusterError, match=r"contiguous 1-d array, got shape \(2, 2\)"):
         Communicator("g", 0, ["a", "b"], None, Mailbox(), None).start("b", np.ones((2, 2)))
+
+
+def test_the_sum_is_there_before_the_peers_reply_and_the_array_is_ours_after_wait(loop):
+    boxes, replies = [Mailbox() for _ in range(2)], asyncio.Event()
+
+    def sender(rank):
+        async def send(peer, key, value):  # delivered at once; the reply (the peer has read it) waits
+            boxes[peer].put("s", key, np.array(value))
+            await replies.wait()
+
+        return send
+
+    comms = [Communicator("s", r, ["a", "b"], sender(r), boxes[r], loop, 10.0, "direct") for r in range(2)]
+    flats = [np.full(8, 1.0 + r) for r in range(2)]
+    handles = [c.start("b0", f) for c, f in zip(comms, flats)]
+    for h, f in zip(handles, flats):  # while no reply has come
+        assert h.summed(5) is f and f.tolist() == [3.0] * 8
+    loop.call_soon_threadsafe(replies.set)
+    assert all(h.wait(5) is f for h, f in zip(handles, flats))

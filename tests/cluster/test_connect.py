@@ -176,8 +176,9 @@ def test_tls_cluster_with_certificates_trains(kit, tls_cluster):
     address, security, client = tls_cluster
     assert address.startswith("tls://")
     assert all(w["address"].startswith("tls://") for w in wb.cluster.info(client)["workers"])
-    expected, got, _ = local_and_remote(kit, client)
+    expected, got, hist = local_and_remote(kit, client)
     kit.assert_same_variables(expected, got, rtol=1e-9)
+    assert all(r["bytes_received"] > 0 for r in hist.records)  # the default all-reduce, worker to worker over TLS
 
 
 @pytest.mark.slow

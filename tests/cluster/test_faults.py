@@ -11,6 +11,7 @@ from sklearn.datasets import load_digits
 
 import workbench as wb
 from workbench.cluster import fit as cluster_fit
+from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.lower import parse_key
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -76,20 +77,30 @@ def test_a_killed_worker_costs_no_progress(client, digits, reference):
     client.wait_for_workers(2, timeout=60)  # the nanny brought the worker back
 
 
-def test_a_failed_step_restarts_from_the_last_sync(client, digits, reference, monkeypatch):
+# what a step's tasks are, to cancel, in each engine
+ENGINES = {
+    "parameter_server": (cluster_fit.ParameterServer, lambda engine: [engine.metrics[-1][1]]),
+    "allreduce": (AllReduceEngine, lambda engine: engine.flight[-1][1]),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(ENGINES))
+def test_a_failed_step_restarts_from_the_last_sync(client, digits, reference, monkeypatch, strategy):
     g, train, loss = build()
     sess = wb.Session(g, seed=0, cluster=client)
     restarts = []
     sess.events.subscribe(lambda e: restarts.append(e) if e["kind"] == "restarted" else None)
-    submit = cluster_fit.ParameterServer._submit
+    engine_class, last_tasks = ENGINES[strategy]
+    submit = engine_class._submit
 
-    def submit_then_cancel(self, step):
-        submit(self, step)
+    def submit_then_cancel(self, step, *args):
+        submit(self, step, *args)
         if step == 25 and not restarts:  # lose step 25 once, as a dead worker would
-            self.client.cancel([self.metrics[-1][1]])
+            self.client.cancel(last_tasks(self))
 
-    monkeypatch.setattr(cluster_fit.ParameterServer, "_submit", submit_then_cancel)
-    history = sess.fit(train, digits, batch_size=64, steps=STEPS, replicas=2, fetches=[loss], sync_every=10)
+    monkeypatch.setattr(engine_class, "_submit", submit_then_cancel)
+    history = sess.fit(train, digits, batch_size=64, steps=STEPS, replicas=2, fetches=[loss], sync_every=10,
+                       strategy=strategy)  # fmt: skip
     assert [e["step"] for e in restarts] == [20]  # redone from the copy of step 20, not from step 0
     assert [r["step"] for r in history.records] == list(range(1, STEPS + 1))
     assert_same(sess.variables, reference)

@@ -1,6 +1,7 @@
 """Data-parallel fit on one real multi-process Dask cluster: results like local, records, data, checkpoints."""
 
 import os
+import re
 import threading
 import time
 
@@ -36,39 +37,48 @@ def train(kit, m, cluster=False, seed=SEED, data=None, steps=STEPS, **fit):
 # -- the same result as local training --------------------------------------------------------
 
 
-@pytest.mark.parametrize("replicas", [1, 2, 3])
-def test_float64_matches_local_including_adam_slots(kit, client, replicas):
+STRATEGIES = ["allreduce", "parameter_server"]
+
+
+# all-reduce runs one replica per worker: 3 replicas on these 2 workers are parameter_server's
+# (test_allreduce.py trains on 3 workers)
+@pytest.mark.parametrize("strategy, replicas", [("allreduce", 1), ("allreduce", 2), ("parameter_server", 1),
+                                                ("parameter_server", 2), ("parameter_server", 3)])  # fmt: skip
+def test_float64_matches_local_including_adam_slots(kit, client, strategy, replicas):
     m = kit.mlp()
     expected, local = train(kit, m)
-    got, hist = train(kit, m, client, replicas=replicas)
+    got, hist = train(kit, m, client, replicas=replicas, strategy=strategy)
     assert any(name.startswith("Adam/") and name.endswith("/v") for name in got)
     kit.assert_same_variables(expected, got, rtol=1e-9)
     name = m["loss"].name
     np.testing.assert_allclose(hist[name], local[name], rtol=1e-9)
 
 
-def test_float32_matches_local(kit, client):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_float32_matches_local(kit, client, strategy):
     m = kit.mlp(dtype="float32")
     expected, _ = train(kit, m)
-    got, _ = train(kit, m, client, replicas=2)
+    got, _ = train(kit, m, client, replicas=2, strategy=strategy)
     assert all(v.dtype == np.float32 for v in got.values() if v.ndim)
     kit.assert_same_variables(expected, got, rtol=1e-5)
 
 
-def test_window_and_sync_every_do_not_change_the_result(kit, client):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_window_and_sync_every_do_not_change_the_result(kit, client, strategy):
     m = kit.mlp()
     expected, _ = train(kit, m)
     for window, sync_every in [(1, 1), (8, 3)]:
-        got, hist = train(kit, m, client, replicas=2, window=window, sync_every=sync_every)
+        got, hist = train(kit, m, client, replicas=2, window=window, sync_every=sync_every, strategy=strategy)
         assert len(hist) == STEPS
         kit.assert_same_variables(expected, got, rtol=1e-9)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_dropout_matches_local(kit, client, replicas):
+def test_dropout_matches_local(kit, client, replicas, strategy):
     m = kit.mlp(layers=3, dropout=0.5)
     expected, local = train(kit, m)
-    got, hist = train(kit, m, client, replicas=replicas)
+    got, hist = train(kit, m, client, replicas=replicas, strategy=strategy)
     kit.assert_same_variables(expected, got, rtol=1e-9)
     np.testing.assert_allclose(hist[m["loss"].name], local[m["loss"].name], rtol=1e-9)
 
@@ -121,6 +131,29 @@ def test_events_reach_subscribers(kit, client):
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "fit_started" and kinds[-1] == "fit_finished"
     assert kinds.count("step") == 4
+
+
+def test_allreduce_is_the_default_and_parameter_server_trains_what_it_cannot(kit, client):
+    m = kit.mlp()
+    data = kit.blobs()
+    chunked = {"x": da.from_array(data["x"], chunks=(17, 3)), "y": da.from_array(data["y"], chunks=25)}
+    sess = wb.Session(m["graph"], seed=SEED, cluster=client)
+    started = []
+    sess.events.subscribe(lambda e: started.append(e) if isinstance(e, FitStarted) else None)
+    sess.fit(m["train"], data, batch_size=BATCH, steps=2)
+    assert (started[-1].strategy, started[-1].reason, started[-1].replicas) == ("allreduce", "", 2)
+    cases = [
+        ({"backup_replicas": 1}, data, "backup_replicas=1 needs a reducer that drops the slowest shards"),
+        ({}, chunked, r"it takes NumPy data, and \['x', 'y'\] are dask arrays"),
+        ({"replicas": 3}, data, "it runs one replica per worker, and replicas=3 exceeds the 2 workers"),
+    ]
+    for options, fed, reason in cases:
+        sess.fit(m["train"], fed, batch_size=BATCH, steps=2, **options)
+        assert started[-1].strategy == "parameter_server"
+        assert re.fullmatch(f"parameter_server instead of allreduce: {reason}", started[-1].reason)
+        with pytest.raises(wb.ClusterError, match=f"strategy='allreduce' cannot train this fit: {reason}; use "
+                                                  "strategy='parameter_server'"):  # fmt: skip
+            sess.fit(m["train"], fed, batch_size=BATCH, steps=2, strategy="allreduce", **options)
 
 
 def test_a_strategy_is_named_and_a_new_one_plugs_in(kit, client):

@@ -249,3 +249,26 @@ def test_dropout_matches_local(kit, replicas):
     )
     state = dask.get(low.dsk, [low.state_key])[0]
     kit.assert_same_variables(local.variables, state["variables"], rtol=1e-9)
+
+
+def test_the_allreduce_strategy_lowers_to_r_tasks_a_step_that_read_like_the_model(kit):
+    from workbench.cluster.replica import run_step, start_replica
+
+    m = kit.mlp()
+    data = kit.blobs()
+    low = wb.cluster.lower(m["graph"], m["train"], data, batch_size=12, replicas=3, steps=4, strategy="allreduce")
+    tasks = {k: t for k, t in low.dsk.items() if isinstance(t, Task)}
+    assert low.tasks_per_step == 3 and len(tasks) == 3 * 4 + 3  # and one start task per replica
+    assert {key_split(k) for k in tasks} == {"mlp-allreduce", "mlp-allreduce-start"}
+    steps = [k for k in tasks if parse_key(k)]
+    assert sorted((parse_key(k).step, parse_key(k).rest) for k in steps) == [(s, f"r{i}") for s in range(1, 5) for i in range(3)]
+    assert all(tasks[k].func is run_step for k in steps) and low.state_key == steps[-3]
+    starts = [k for k in tasks if not parse_key(k)]
+    assert [k[0] for k in starts] == ["mlp-allreduce-start-r0", "mlp-allreduce-start-r1", "mlp-allreduce-start-r2"]
+    assert all(tasks[k].func is start_replica for k in starts)
+    for k in steps:  # a step depends on its rank's start task only: no gradient or variable passes between tasks
+        assert tasks[k].dependencies == {starts[int(parse_key(k).rest[1:])]}
+    rows = np.concatenate([tasks[k].args[2] for k in steps if parse_key(k).step == 2])
+    assert len(rows) == 12 and len(set(rows.tolist())) == 12
+    with pytest.raises(wb.ClusterError, match="cannot lower strategy 'ring'"):
+        wb.cluster.lower(m["graph"], m["train"], data, batch_size=12, strategy="ring")

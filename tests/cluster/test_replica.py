@@ -9,9 +9,8 @@ import pytest
 
 import workbench as wb
 from workbench.cluster.program import TrainingProgram
-from workbench.cluster.replica import hook_outputs, plan_buckets, producers
-from workbench.graph.passes import optimize
-from workbench.graph.plan import Plan
+from workbench.cluster.replica import plan_buckets
+from workbench.graph.compile import compile_plan
 
 
 def test_buckets_close_at_the_size_and_at_a_dtype_change():
@@ -28,13 +27,14 @@ def test_the_backward_pass_makes_the_last_layer_gradients_first_and_says_so(kit)
     g = m["graph"]
     program = TrainingProgram.from_graph(g, m["train"], [m["loss"].name])
     fetches = list(program.gradients)
-    plan = Plan(optimize(g, fetches, fed=program.feeds), fetches, list(program.feeds), np, wb.Session(g).variables)
-    variable_of = dict(g.training[m["train"].name]["gradients"])
-    made = producers(plan, plan.fetch_slots)
+    plan = compile_plan(g, fetches, program.feeds, state=wb.Session(g).variables)
+    variable_of = dict(g.training[m["train"].name].gradients)
+    made = plan.producers()
     first = [variable_of[fetches[i]] for i in sorted(range(len(fetches)), key=made.__getitem__)]
     assert first[:2] in (["b2", "w2"], ["w2", "b2"]) and set(first[-2:]) == {"w0", "b0"}
+    assert list(program.gradient_variables) == [variable_of[f] for f in fetches]
     seen = []
-    hook_outputs(plan, plan.fetch_slots, lambda k, value: seen.append((k, value.copy())))
+    plan.watch(range(len(fetches)), lambda k, value: seen.append((k, value.copy())))
     data = kit.blobs(n=5)
     values = plan.run([data["x"], data["y"]])
     assert [variable_of[fetches[k]] for k, _ in seen] == first  # as each is computed

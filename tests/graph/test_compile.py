@@ -105,3 +105,21 @@ def test_plan_context_is_an_argument_and_snapshots_restore(model):
     assert float(state["v"]) == 11.0 and counter.runs == 2
     counter.restore(saved)
     assert state["v"] is held and float(held) == 1.0 and counter.runs == 1
+
+
+def test_a_plan_reports_each_watched_fetch_as_soon_as_it_is_computed():
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None,))
+        a = x * 2.0
+        b = wb.sum(a + 1.0)
+        c = wb.sum(a * a)
+    plan = compile_plan(g, [c.name, x.name, b.name], ["x"])
+    made = plan.producers()
+    assert made[1] == -1 and 0 <= made[0] and 0 <= made[2]  # a fed value is there before any kernel call
+    seen = []
+    plan.watch([0, 1, 2], lambda k, value: seen.append((k, float(value), plan.runs)))
+    values = plan.run([np.array([1.0, 2.0])])
+    assert sorted(seen) == [(0, 20.0, 0), (2, 8.0, 0)]  # during the run, before it counts as done
+    assert [k for k, _, _ in seen] == sorted([0, 2], key=made.__getitem__)  # in the order they are made
+    assert float(values[0]) == 20.0 and float(values[2]) == 8.0

@@ -33,27 +33,19 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
 from workbench.cluster.communicator import tree_sum
-from workbench.cluster.lower import shards
+from workbench.cluster.lower import allreduce_calls, allreduce_key
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
 from workbench.errors import ClusterError, CollectiveError, FeedError
+from workbench.events import Restarted, Synced
+from workbench.fitloop import StepOutcome
 from workbench.training import batch_indices, check_data, is_dask_array
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one step reports: the fetches of the global batch, and how the step went."""
-
-    step: int
-    fetches: dict
-    metrics: dict = field(default_factory=dict)
 
 
 def _restartable() -> tuple:
@@ -93,12 +85,24 @@ class AllReduceEngine:
     max_restarts : int
     name : str
         The first part of task keys (the graph's name).
+    labels : sequence of str, optional
+        What each of the program's fetches is called in the outcomes (default: its tensor name).
+    sync_every : int, optional
+        Steps between host copies of the variables besides those ``run`` is asked for
+        (what a lost worker costs at most; default: only those).
+    events : EventStream, optional
+        Where :class:`~workbench.events.Synced` and :class:`~workbench.events.Restarted` go.
+    reason : str
+        Why ``fit`` chose this strategy, if it chose it for a reason (shown in ``FitStarted``).
     """
+
+    strategy = "allreduce"
 
     def __init__(self, client, program: TrainingProgram, data: dict, batch_size: int, batch_seed, *, workers=None,
                  replicas: int | None = None, window: int = 4, timeout: float = 60.0, step_timeout: float = 300.0,
                  bucket_bytes: int = 4 << 20, algorithm: str = "auto", max_restarts: int = 5,
-                 name: str = "train"):  # fmt: skip
+                 name: str = "train", labels=None, sync_every: int | None = None, events=None,
+                 reason: str = ""):  # fmt: skip
         missing = set(program.feeds) - set(data)
         if missing:
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
@@ -114,7 +118,13 @@ class AllReduceEngine:
         self.client, self.program, self.batch_size, self.batch_seed = client, program, batch_size, batch_seed
         self.data = {n: np.asarray(data[n]) for n in program.feeds}
         self.num_examples = check_data(self.data)
-        self.workers, self.replicas, self.window = workers, replicas, window
+        self.addresses, self.max_replicas, self.window = workers, replicas, window
+        self.labels = list(program.fetches if labels is None else labels)
+        self.sync_every, self.events = sync_every, events
+        self.replicas: int | None = None  # the members of the current generation, once started
+        self.workers: int | None = None
+        self.reason = reason  # why fit chose this strategy (see workbench.cluster.engines)
+        self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
         self.timeout, self.step_timeout, self.bucket_bytes = timeout, step_timeout, bucket_bytes
         self.algorithm, self.max_restarts, self.name = algorithm, max_restarts, name
         self.poll = 0.5  # seconds between checks that the members are still there, while a step runs
@@ -126,6 +136,21 @@ class AllReduceEngine:
         self.flight: deque = deque()  # (step, futures), in step order
         self.started: list = []  # each member's start task
         self._transient = _restartable()
+
+    @classmethod
+    def for_fit(cls, request, client, options, events) -> AllReduceEngine:
+        """The engine of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest` and its
+        :class:`~workbench.cluster.options.ClusterOptions`): the ``allreduce`` strategy's factory."""
+        program = TrainingProgram.from_graph(
+            request.graph, request.train, list(request.fetches.values()), seed=request.seed,
+            device=request.device.kind, device_options=request.device.options,
+        )  # fmt: skip
+        return cls(
+            client, program, request.data, request.batch_size, request.batch_seed, workers=options.workers,
+            replicas=options.replicas, window=options.window, timeout=min(60.0, options.step_timeout),
+            step_timeout=options.step_timeout, name=request.graph.name, labels=list(request.fetches),
+            sync_every=options.sync_every, events=events, reason=options.reason,
+        )  # fmt: skip
 
     # -- the step-engine interface ----------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
@@ -142,7 +167,8 @@ class AllReduceEngine:
         if self.host is None:
             raise ClusterError("start(variables, step) comes before run()")
         reported, submitted = first - 1, first - 1
-        synced = lambda s: s == last or bool(sync_at(s))  # noqa: E731
+        every = self.sync_every
+        synced = lambda s: s == last or bool(sync_at(s)) or bool(every and s % every == 0)  # noqa: E731
         while reported < last:
             while submitted < last and len(self.flight) < self.window:
                 submitted += 1
@@ -157,6 +183,8 @@ class AllReduceEngine:
             self.flight.popleft()
             if "variables" in results[0]:
                 self.host = (results[0]["variables"], step)
+                if self.events is not None:
+                    self.events.emit(Synced, step=step)
             if step > reported:
                 reported = step
                 yield self._outcome(step, results)
@@ -174,12 +202,12 @@ class AllReduceEngine:
     # -- placing replicas -------------------------------------------------------------------------
     def _candidates(self) -> list[str]:
         known = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-        return [w for w in (self.workers or known) if w in known]
+        return [w for w in (self.addresses or known) if w in known]
 
     def _members(self, candidates: list[str]) -> list[str]:
-        count = len(candidates) if self.replicas is None else min(self.replicas, len(candidates))
+        count = len(candidates) if self.max_replicas is None else min(self.max_replicas, len(candidates))
         if count < 1:
-            raise ClusterError(f"no workers left to train on (asked for {list(self.workers or []) or 'any'})")
+            raise ClusterError(f"no workers left to train on (asked for {list(self.addresses or []) or 'any'})")
         return candidates[:count]
 
     def _launch(self, members: list[str]) -> None:
@@ -195,29 +223,21 @@ class AllReduceEngine:
             workers=members,
         )  # fmt: skip
         token = self.group.token
+        self.replicas = self.workers = len(members)
         self.started = [
             client.submit(start_replica, program, state, step, self.group, self.bucket_bytes, *data,
-                          key=(f"{self.name}-allreduce-start-r{i}", token), workers=[w], allow_other_workers=False,
+                          key=allreduce_key(self.name, "start", i, token), workers=[w], allow_other_workers=False,
                           priority=1 << 30, pure=False)  # fmt: skip
             for i, w in enumerate(members)
         ]
 
     def _submit(self, step: int, sync: bool) -> None:
         index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
-        group, parts = self.group, shards(index, self.group.size)
-        total, equal = len(index), len({len(p) for p in parts}) == 1
-        scaled_loss = bool(self.program.loss_scale)  # the replicas scale the loss: gradients come weighted
-        count = group.size if equal else total
-        scale = None if scaled_loss or count == 1 else 1.0 / count  # applied once, to the sum
-        futures, offset = [], 0
-        for i, (part, worker) in enumerate(zip(parts, group.addresses)):
-            weight = 1.0 if scaled_loss or equal else float(len(part))
-            key = (f"{self.name}-allreduce-{step}-r{i}", group.token)
-            futures.append(self.client.submit(
-                run_step, group.token, step, part, offset, weight, scale, len(part) / total, sync and i == 0,
-                self.started[i], key=key, workers=[worker], allow_other_workers=False, priority=-step, pure=False,
-            ))  # fmt: skip
-            offset += len(part)
+        group, futures = self.group, []
+        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
+        for (key, args), worker in zip(calls, group.addresses):
+            futures.append(self.client.submit(run_step, *args, key=key, workers=[worker], allow_other_workers=False,
+                                              priority=-step, pure=False))  # fmt: skip
         self.flight.append((step, futures))
 
     # -- results and failures ---------------------------------------------------------------------
@@ -259,6 +279,8 @@ class AllReduceEngine:
         self._cancel()
         self._wait_for_departures()
         self._drop()
+        if self.events is not None:
+            self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
         self._launch(self._members(self._candidates()))
 
     def _wait_for_departures(self, seconds: float = 5.0) -> None:
@@ -289,20 +311,21 @@ class AllReduceEngine:
             self.group = None
 
     def _outcome(self, step: int, results: list[dict]) -> StepOutcome:
-        names = self.program.fetches
         fetches = {}
-        for k, name in enumerate(names):
+        for k, label in enumerate(self.labels):
             value = np.asarray(tree_sum([r["fetches"][k] for r in results]))
-            fetches[name] = value.item() if value.ndim == 0 else value
+            fetches[label] = value.item() if value.ndim == 0 else value
         compute = {r["worker"]: r["compute_seconds"] for r in results}
         metrics = {
             "replicas": len(results),
             "compute_seconds": max(compute.values()),
-            "allreduce_wait_seconds": max(r["allreduce_wait_seconds"] for r in results),
+            "reduce_seconds": max(r["allreduce_wait_seconds"] for r in results),  # waited for, after compute
             "update_seconds": max(r["update_seconds"] for r in results),
             "workers": compute,
+            "bytes_moved": sum(r["bytes_received"] for r in results),
             "bytes_received": max(r["bytes_received"] for r in results),
             "bytes_sent": max(r["bytes_sent"] for r in results),
+            "dropped": 0,
             "restarts": self.restarts,
             "tasks": len(results),
         }

@@ -117,30 +117,47 @@ Send = Callable[[int, str, Any], Awaitable[None]]
 
 
 class Handle:
-    """One bucket's all-reduce in flight; :meth:`wait` gives the reduced array (the one passed in)."""
+    """One bucket's all-reduce in flight; :meth:`wait` gives the reduced array (the one passed in).
 
-    def __init__(self, communicator: Communicator, bucket: str, flat, future: concurrent.futures.Future | None):
+    :meth:`summed` returns as soon as the sum is in the array, while peers may still be reading
+    what this rank sent from it: the array is then read-only until :meth:`wait` returns.
+    """
+
+    def __init__(self, communicator: Communicator, bucket: str, flat, future: concurrent.futures.Future | None,
+                 summed: concurrent.futures.Future | None = None):  # fmt: skip
         self.communicator, self.bucket, self.flat, self._future = communicator, bucket, flat, future
+        self._summed = summed
 
     def done(self) -> bool:
-        return self._future is None or self._future.done()
+        return self._future is None or self._future.done() or (self._summed is not None and self._summed.done())
 
     def wait(self, timeout: float | None = None):
-        """Block until the bucket is reduced (at most ``timeout`` seconds, default the group's)."""
+        """Block until the bucket is reduced and every peer has what this rank sent (at most
+        ``timeout`` seconds, default the group's); the array is the caller's again."""
+        self._block([self._future], timeout)
+        return self.flat
+
+    def summed(self, timeout: float | None = None):
+        """Block until the sum is in the array (at most ``timeout`` seconds); write to it only after :meth:`wait`."""
+        self._block([self._future] if self._summed is None else [self._summed, self._future], timeout)
+        return self.flat
+
+    def _block(self, futures: list, timeout: float | None) -> None:
+        """Wait for the first of ``futures`` (the whole reduction last); its error, or a timeout naming the peers."""
         if self._future is None:
-            return self.flat
+            return
         timeout = self.communicator.timeout if timeout is None else timeout
-        try:
-            self._future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
+        done, _ = concurrent.futures.wait(futures, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
+        if not done:
             self._future.cancel()
             waiting = sorted(self.communicator.waiting_on.get(self.bucket, ()))
             who = ", ".join(map(self.communicator.describe, waiting)) or "its peers"
             raise CollectiveError(
                 f"all-reduce of bucket {self.bucket!r} on rank {self.communicator.rank} timed out after "
                 f"{timeout:g} s waiting for {who}"
-            ) from None
-        return self.flat
+            )
+        for future in done:
+            future.result()  # raises the reduction's error
 
 
 class Communicator:
@@ -199,8 +216,9 @@ class Communicator:
             if scale is not None:
                 np.multiply(flat, scale, out=flat, casting="unsafe")
             return Handle(self, bucket, flat, None)
-        future = asyncio.run_coroutine_threadsafe(self._reduce(bucket, flat, scale), self.loop)
-        return Handle(self, bucket, flat, future)
+        summed: concurrent.futures.Future = concurrent.futures.Future()
+        future = asyncio.run_coroutine_threadsafe(self._reduce(bucket, flat, scale, summed), self.loop)
+        return Handle(self, bucket, flat, future, summed)
 
     def allreduce(self, flat, bucket: str = "all", scale: float | None = None, timeout: float | None = None):
         """``start(bucket, flat, scale).wait(timeout)``."""
@@ -212,11 +230,12 @@ class Communicator:
         self.loop.call_soon_threadsafe(self.mailbox.release, self.group)
 
     # -- on the event loop ----------------------------------------------------------------------
-    async def _reduce(self, bucket: str, flat, scale) -> None:
+    async def _reduce(self, bucket: str, flat, scale, summed: concurrent.futures.Future) -> None:
         sent: list = []
         run = {"direct": self._direct, "ring": self._ring, "gather": self._gather}[self._algorithm_for(flat)]
         try:
             await run(bucket, flat, scale, sent)
+            summed.set_result(None)  # the sum is in ``flat``; the replies to what we sent may still come
             await asyncio.gather(*sent)  # every peer has read what we sent: ``flat`` is the caller's again
         finally:
             for task in sent:

@@ -6,16 +6,32 @@ the session's ``distributed.Client``, ``options`` the
 :class:`~workbench.cluster.options.ClusterOptions` and ``events`` the session's
 event stream (for engine events such as ``Synced`` and ``Restarted``).
 ``Session.fit(..., strategy=name)`` picks one; :func:`register_strategy` adds one.
+
+Two come built in:
+
+- ``"allreduce"`` (the default): each step is one pinned task per worker that
+  computes its shard's gradients, all-reduces them worker to worker and updates
+  its own replica of the variables (:mod:`workbench.cluster.allreduce`);
+- ``"parameter_server"``: each step is a task graph, replicas -> a fixed-order
+  reduction tree -> one update task (:mod:`workbench.cluster.fit`). What backup
+  replicas, dask-array data and GPU workers need.
+
+A strategy may also say which fits it cannot train (``limits``). When ``fit`` is
+not given a strategy and the default cannot train it, ``parameter_server`` does,
+and the reason is in :class:`~workbench.events.FitStarted`; a strategy named
+explicitly raises :class:`~workbench.errors.ClusterError` with the reason instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from workbench.cluster.options import ClusterOptions
 from workbench.errors import ClusterError
 from workbench.events import EventStream
 from workbench.fitloop import FitRequest, StepEngine
+from workbench.training import is_dask_array
 
 
 def _parameter_server(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
@@ -24,21 +40,71 @@ def _parameter_server(request: FitRequest, client, options: ClusterOptions, even
     return ParameterServer(request, client, options, events)
 
 
+def _allreduce(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
+    from workbench.cluster.allreduce import AllReduceEngine
+
+    return AllReduceEngine.for_fit(request, client, options, events)
+
+
+def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:
+    """Why the ``allreduce`` strategy cannot train this fit, or None."""
+    if options.backup_replicas:
+        return f"backup_replicas={options.backup_replicas} needs a reducer that drops the slowest shards"
+    chunked = sorted(name for name, value in request.data.items() if is_dask_array(value))
+    if chunked:
+        return f"it takes NumPy data, and {chunked} are dask arrays"
+    if request.device.kind != "cpu":
+        return f"it runs on CPU workers, and the session's device is {request.device.name!r}"
+    workers = options.worker_count(client)
+    if options.replicas is not None and options.replicas > workers:
+        return f"it runs one replica per worker, and replicas={options.replicas} exceeds the {workers} workers"
+    return None
+
+
 #: Strategy name to engine factory.
-STRATEGIES: dict[str, Callable[..., StepEngine]] = {"parameter_server": _parameter_server}
+STRATEGIES: dict[str, Callable[..., StepEngine]] = {"parameter_server": _parameter_server, "allreduce": _allreduce}
+#: Strategy name to ``limits(request, client, options) -> reason or None``: the fits it cannot train.
+LIMITS: dict[str, Callable[..., str | None]] = {"allreduce": allreduce_limits}
 #: The strategy ``fit`` uses on a cluster when none is named.
-DEFAULT_STRATEGY = "parameter_server"
+DEFAULT_STRATEGY = "allreduce"
+#: The strategy ``fit`` falls back to when the default cannot train a fit.
+FALLBACK_STRATEGY = "parameter_server"
 
 
-def register_strategy(name: str, make: Callable[..., StepEngine]) -> None:
-    """Make ``Session.fit(..., strategy=name)`` train with the engines ``make`` builds."""
+def register_strategy(name: str, make: Callable[..., StepEngine], limits: Callable[..., str | None] | None = None) -> None:
+    """Make ``Session.fit(..., strategy=name)`` train with the engines ``make`` builds.
+
+    ``limits(request, client, options)``, when given, says why the strategy cannot train a fit (or None).
+    """
     STRATEGIES[name] = make
+    if limits is not None:
+        LIMITS[name] = limits
+    else:
+        LIMITS.pop(name, None)
+
+
+def choose_strategy(request: FitRequest, client, options: ClusterOptions) -> tuple[str, str]:
+    """The strategy for one fit, and why when ``fit`` chose it for a reason (else "").
+
+    An explicit ``options.strategy`` that cannot train the fit raises ClusterError.
+    """
+    name = options.strategy or DEFAULT_STRATEGY
+    if name not in STRATEGIES:
+        known = ", ".join(sorted(STRATEGIES))
+        raise ClusterError(f"unknown strategy {name!r}; strategies are {known}")
+    limits = LIMITS.get(name)
+    reason = limits(request, client, options) if limits is not None else None
+    if reason is None:
+        return name, ""
+    if options.strategy is not None:
+        raise ClusterError(f"strategy={name!r} cannot train this fit: {reason}; use strategy={FALLBACK_STRATEGY!r}")
+    return FALLBACK_STRATEGY, f"{FALLBACK_STRATEGY} instead of {name}: {reason}"
 
 
 def make_engine(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
-    """The step engine of ``options.strategy`` for one fit."""
-    make = STRATEGIES.get(options.strategy)
-    if make is None:
-        known = ", ".join(sorted(STRATEGIES))
-        raise ClusterError(f"unknown strategy {options.strategy!r}; strategies are {known}")
-    return make(request, client, options, events)
+    """The step engine of ``options.strategy`` (default :data:`DEFAULT_STRATEGY`) for one fit."""
+    from workbench.cluster.malloc import ReuseFreedMemory
+
+    name, reason = choose_strategy(request, client, options)
+    client.register_plugin(ReuseFreedMemory())  # every strategy's tasks allocate large temporaries
+    return STRATEGIES[name](request, client, dataclasses.replace(options, strategy=name, reason=reason), events)

@@ -63,6 +63,7 @@ class ParameterServer:
         self.workers = options.worker_count(client)
         self.window, self.sync_every, self.step_timeout = options.window, options.sync_every, options.step_timeout
         self.worker_addresses, self.backups = options.workers, options.backup_replicas
+        self.reason = options.reason  # why fit chose this strategy, if it did
         self.program = TrainingProgram.from_graph(
             request.graph, request.train, list(request.fetches.values()), seed=request.seed,
             device=request.device.kind, device_options=request.device.options,

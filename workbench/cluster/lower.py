@@ -13,6 +13,13 @@ Each phase is its own Dask key prefix (``key_split`` gives ``mlp-grad``, ``mlp-r
 ``mlp-update``, ``mlp-metrics``), so the dashboard's task stream and progress bars tell
 them apart; the step and the replica are the rest of the key. ``token`` keeps
 concurrent runs apart.
+
+With ``strategy="allreduce"`` a step is ``R`` tasks, ``("mlp-allreduce-12-r0", token)``
+...: each computes its shard's gradients, all-reduces them with its peers worker to
+worker and updates its worker's replica of the variables (:mod:`workbench.cluster.replica`).
+They depend on one start task per worker, ``("mlp-allreduce-start-r0", token)``, that
+places the replica, and not on each other: the engine pins them one per worker and orders
+them by priority. The lowered graph is that picture, to inspect; ``fit`` runs it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from workbench.cluster.program import (
     replica_gradients,
     step_metrics,
 )
+from workbench.cluster.replica import run_step, start_replica
 from workbench.errors import ClusterError
 from workbench.graph.core import Graph
 from workbench.ops.state import initial_value
@@ -48,7 +56,7 @@ def shards(index: np.ndarray, replicas: int) -> list[np.ndarray]:
     return np.array_split(index, replicas)
 
 
-PHASES = ("grad", "reduce", "update", "metrics", "host")
+PHASES = ("grad", "reduce", "update", "metrics", "host", "allreduce")
 _TASK_NAME = re.compile(rf"^(?P<graph>.+)-(?P<phase>{'|'.join(PHASES)})-(?P<step>\d+)(?:-(?P<rest>.*))?$")
 
 
@@ -155,6 +163,59 @@ def step_tasks(
     return tasks, keys
 
 
+def allreduce_key(name: str, step: int | str, rank: int, token: str) -> tuple[str, str]:
+    """The key of rank ``rank``'s task of step ``step`` (``"start"``: the task placing its replica).
+
+    >>> from dask.utils import key_split
+    >>> key_split(allreduce_key("mlp", 12, 0, "9f2c41d7"))
+    'mlp-allreduce'
+    """
+    return (f"{name}-allreduce-{step}-r{rank}", token)
+
+
+def allreduce_calls(name: str, token: str, step: int, index: np.ndarray, ranks: int, started: list, sync: bool):
+    """The ``(key, arguments of run_step)`` of one all-reduce step's ``ranks`` tasks.
+
+    Rank ``i`` trains on shard ``i`` of ``index``. Equal shards: each gradient goes into its bucket
+    as it is and the sum is scaled once by ``1 / R``; else each by its shard's rows, the sum by
+    ``1 / len(index)``. Fetches are weighted by the shard's share; rank 0 brings the variables home
+    when ``sync``. ``started[i]``: rank ``i``'s start task (a future or a ref), for the order.
+    """
+    parts = shards(index, ranks)
+    total, equal = len(index), len({len(p) for p in parts}) == 1
+    count = ranks if equal else total
+    scale = None if count == 1 else 1.0 / count  # applied once, to the sum
+    calls, offset = [], 0
+    for i, part in enumerate(parts):
+        weight = 1.0 if equal else float(len(part))
+        args = (token, step, part, offset, weight, scale, len(part) / total, sync and i == 0, started[i])
+        calls.append((allreduce_key(name, step, i, token), args))
+        offset += len(part)
+    return calls
+
+
+def _allreduce_tasks(dsk: dict, program, variables: dict, data_refs: list, index_of, replicas: int, name: str,
+                     steps: int, token: str, bucket_bytes: int = 4 << 20) -> tuple[list, int]:  # fmt: skip
+    """Add the all-reduce strategy's tasks of ``steps`` steps to ``dsk``; the per-step keys of rank 0 and R."""
+    from workbench.cluster.collective import CollectiveGroup
+
+    group = CollectiveGroup(token, tuple(f"rank-{i}" for i in range(replicas)))  # the engine's names the workers
+    dsk[("group", token)] = DataNode(("group", token), group)
+    dsk[("variables-0", token)] = DataNode(("variables-0", token), dict(variables))
+    started = []
+    for i in range(replicas):
+        key = allreduce_key(name, "start", i, token)
+        refs = (TaskRef(("group", token)), bucket_bytes, *data_refs)
+        dsk[key] = Task(key, start_replica, program, TaskRef(("variables-0", token)), 0, *refs)
+        started.append(TaskRef(key))
+    firsts = []
+    for step, index in enumerate(index_of, 1):
+        for key, args in allreduce_calls(name, token, step, index, replicas, started, step == steps):
+            dsk[key] = Task(key, run_step, *args)
+        firsts.append(allreduce_key(name, step, 0, token))
+    return firsts, replicas
+
+
 @dataclass
 class Lowered:
     """A lowered training run: ``dsk`` is a plain Dask graph (``key -> Task``).
@@ -186,6 +247,7 @@ def lower(
     batch_seed=None,
     device: str = "cpu",
     device_options: dict | None = None,
+    strategy: str = "parameter_server",
 ) -> Lowered:
     """Lower ``steps`` of synchronous data-parallel training to a Dask task graph.
 
@@ -198,6 +260,10 @@ def lower(
     variables : starting values (default: the graph's initializers with ``seed``).
     batch_seed : what seeds the batch order (default ``seed``).
     device, device_options : where workers run the plans (see :class:`TrainingProgram`).
+    strategy : ``"parameter_server"`` (``2R + 1`` tasks a step; computable with any Dask
+        scheduler) or ``"allreduce"`` (``R`` tasks a step and one start task per replica,
+        for inspection: its tasks run on workers of a collective, placed by ``fit``; the
+        state key is the last step's rank 0, whose result holds the variables).
 
     Examples
     --------
@@ -223,15 +289,22 @@ def lower(
     n = check_data(arrays)
     if variables is None:
         variables = {v: initial_value(v, graph.operation(v).attrs, seed) for v in program.state_variables}
+    if strategy not in ("parameter_server", "allreduce"):
+        raise ClusterError(f"cannot lower strategy {strategy!r}; use 'parameter_server' or 'allreduce'")
     name, token = graph.name, uuid.uuid4().hex[:8]
     dsk: dict = {("program", token): DataNode(("program", token), program)}
     for key in arrays:
         dsk[("data", key, token)] = DataNode(("data", key, token), arrays[key])
-    dsk[("state-0", token)] = DataNode(("state-0", token), initial_state(variables))
     data_refs = [TaskRef(("data", key, token)) for key in program.feeds]
+    batches = batch_indices(n, batch_size, steps, seed if batch_seed is None else batch_seed)
+    if strategy == "allreduce":
+        firsts, per_step = _allreduce_tasks(dsk, TaskRef(("program", token)), variables, data_refs, batches, replicas,
+                                            name, steps, token)  # fmt: skip
+        return Lowered(dsk, firsts[-1], firsts, per_step, program)
+    dsk[("state-0", token)] = DataNode(("state-0", token), initial_state(variables))
     state = TaskRef(("state-0", token))
     metrics, per_step = [], 0
-    for step, index in enumerate(batch_indices(n, batch_size, steps, seed if batch_seed is None else batch_seed), 1):
+    for step, index in enumerate(batches, 1):
         tasks, keys = step_tasks(TaskRef(("program", token)), state, data_refs, index, replicas, name, step, token)
         dsk.update(tasks)
         per_step = len(tasks)

@@ -13,8 +13,9 @@ class ClusterOptions:
 
     Attributes
     ----------
-    strategy : str
-        The step engine (a name in :data:`workbench.cluster.engines.STRATEGIES`).
+    strategy : str, optional
+        The step engine (a name in :data:`workbench.cluster.engines.STRATEGIES`; default
+        :data:`~workbench.cluster.engines.DEFAULT_STRATEGY`, or ``parameter_server`` where that cannot train the fit).
     replicas : int, optional
         Data-parallel replicas (default: one per worker used).
     window : int
@@ -27,15 +28,18 @@ class ClusterOptions:
         Extra shard computations per step; the first ``replicas`` to finish are applied.
     step_timeout : float
         Seconds to wait for one step before counting it lost.
+    reason : str
+        Why ``fit`` chose this strategy, when it chose one for a reason (shown in ``FitStarted``).
     """
 
-    strategy: str = "parameter_server"
+    strategy: str | None = None
     replicas: int | None = None
     window: int = 4
     sync_every: int = 20
     workers: tuple | None = None
     backup_replicas: int = 0
     step_timeout: float = 300.0
+    reason: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backup_replicas", int(self.backup_replicas))

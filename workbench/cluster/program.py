@@ -71,6 +71,8 @@ class TrainingProgram:
         ``memory_limit``, ``fuse``, ``emulate``).
     loss_scale : str
         The variable of the optimizer's dynamic loss scale, or "".
+    gradient_variables : tuple of str
+        The variable each gradient belongs to (same order as ``gradients``).
     """
 
     replica_json: str
@@ -87,6 +89,7 @@ class TrainingProgram:
     device: str = "cpu"
     device_options: tuple = ()
     loss_scale: str = ""
+    gradient_variables: tuple = ()
 
     @classmethod
     def from_graph(
@@ -121,7 +124,7 @@ class TrainingProgram:
         digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
         return cls(
             *texts, train_name, feeds, gradients, gradient_ops, fetches, replica_vars, state_vars, seed, digest,
-            device, options, loss_scale=record.loss_scale,
+            device, options, loss_scale=record.loss_scale, gradient_variables=tuple(v for _, v in record.gradients),
         )
 
 

@@ -11,8 +11,10 @@ step task on that worker (:func:`run_step`):
    all-reduce at once, on the worker's event loop, while this thread goes on with the
    rest of the backward pass (buckets follow the order the backward pass produces the
    gradients, last layer first);
-2. waits for the buckets (bounded: a dead or hung peer raises ``CollectiveError``);
-   the sum is scaled once, by the rank that sums each chunk;
+2. waits for the sums to be in the buckets (bounded: a dead or hung peer raises
+   ``CollectiveError``); the sum is scaled once, by the rank that sums each chunk. The
+   peers' replies to what this rank sent (they have read it) are waited for only when
+   the next step is about to write into the buckets, off the step's critical path;
 3. applies the optimizer in place with the reduced gradients, views into the buckets;
 4. returns small numbers only (its weighted fetches, timings, bytes), plus a copy of the
    variables when the step is a sync point and this is rank 0.
@@ -30,11 +32,10 @@ import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
-from workbench.cluster.program import TrainingProgram, take_rows
+from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
 from workbench.errors import ClusterError, CollectiveError
+from workbench.graph.compile import compile_plan
 from workbench.graph.core import Graph
-from workbench.graph.passes import optimize
-from workbench.graph.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -76,37 +77,6 @@ def plan_buckets(order: list[int], shapes: list[tuple], dtypes: list[str], bucke
     return buckets
 
 
-def producers(plan: Plan, slots: list) -> list[int]:
-    """The index of the plan step that computes each slot (-1: known before any step, e.g. a constant).
-
-    Reads the plan's step list ``(fn, get, out, dead)``: the one place that relies on its layout.
-    """
-    made = {}
-    for i, (_fn, _get, out, _dead) in enumerate(plan.steps):
-        for o in (out,) if isinstance(out, int) else out:
-            made[o] = i
-    return [made.get(s, -1) for s in slots]
-
-
-def hook_outputs(plan: Plan, slots: list, callback) -> None:
-    """Make ``plan`` call ``callback(k, value)`` as soon as it computes ``slots[k]``."""
-    wanted: dict[int, list] = {}
-    for k, (slot, index) in enumerate(zip(slots, producers(plan, slots))):
-        if index >= 0:
-            wanted.setdefault(index, []).append((k, slot))
-    for index, outputs in wanted.items():
-        fn, get, out, dead = plan.steps[index]
-        positions = [(k, None if isinstance(out, int) else out.index(slot)) for k, slot in outputs]
-
-        def hooked(*args, _fn=fn, _positions=positions):
-            result = _fn(*args)
-            for k, position in _positions:
-                callback(k, result if position is None else result[position])
-            return result
-
-        plan.steps[index] = (hooked, get, out, dead)
-
-
 class Replica:
     """One worker's replica of a run: plans, variables, buckets and its rank's communicator."""
 
@@ -122,32 +92,32 @@ class Replica:
         self.step = step
         self.failed: str | None = None
         self.turn = threading.Condition()
-        graph = Graph.from_json(program.graph_json)
-        grads = list(program.gradients)
-        fetches = grads + list(program.fetches)
+        self._settling: list = []  # the last step's all-reduces, until peers have read what they sent
+        device = open_worker_device(program.device, program.device_options)
+        shipped = {"seed": program.seed, "optimized": True}  # the client pruned and optimized both graphs
+        n = len(program.gradients)
         self.forward_state: dict = {}
-        self.forward = Plan(optimize(graph, fetches, fed=program.feeds), fetches, list(program.feeds), np,
-                            self.forward_state, program.seed)  # fmt: skip
-        update = optimize(graph, [program.train], fed=program.gradients)
-        order = [op.name for op in update.operations if op.type == "placeholder"]
-        index_of = {graph.get(g).op.name: i for i, g in enumerate(grads)}
-        self.update_order = [index_of[n] for n in order]
-        self.update = Plan(update, [program.train], order, np, self.variables, program.seed, own_state=True)
-        self._layout(graph, bucket_bytes)
-        hook_outputs(self.forward, self.forward.fetch_slots[: len(grads)], self._produced)
+        replica = Graph.from_json(program.replica_json)
+        self.forward = compile_plan(replica, [*program.gradients, *program.fetches],
+                                    program.feeds, device, state=self.forward_state, **shipped)  # fmt: skip
+        # the optimizer writes into this replica's variables (own_state): no fresh arrays per step
+        self.update = compile_plan(Graph.from_json(program.update_json), [program.train], program.gradient_ops, device,
+                                   state=self.variables, own_state=True, **shipped)  # fmt: skip
+        self.update_order = [program.gradient_ops.index(name) for name in self.update.feed_names]
+        self.feed_order = [program.feeds.index(name) for name in self.forward.feed_names]
+        self._layout([str(replica.get(g).dtype) for g in program.gradients], bucket_bytes)
+        self.forward.watch(range(n), self._produced)
 
-    def _layout(self, graph: Graph, bucket_bytes: int) -> None:
+    def _layout(self, dtypes: list[str], bucket_bytes: int) -> None:
         """Buckets in the order the backward pass makes the gradients, and each gradient's view into its bucket."""
-        grads = list(self.program.gradients)
-        variable_of = dict(graph.training[self.program.train]["gradients"])
-        shapes = [tuple(self.variables[variable_of[g]].shape) for g in grads]
-        dtypes = [str(graph.get(g).dtype) for g in grads]
-        made = producers(self.forward, self.forward.fetch_slots[: len(grads)])
-        order = sorted(range(len(grads)), key=made.__getitem__)
+        program, n = self.program, len(self.program.gradients)
+        shapes = [tuple(self.variables[v].shape) for v in program.gradient_variables]
+        made = self.forward.producers()[:n]
+        order = sorted(range(n), key=made.__getitem__)
         self.buckets = plan_buckets(order, shapes, dtypes, bucket_bytes)
         self.flats = [np.empty(b.size, dtype=b.dtype) for b in self.buckets]  # reused every step
-        self.views: list = [None] * len(grads)
-        self.bucket_of = [0] * len(grads)
+        self.views: list = [None] * n
+        self.bucket_of = [0] * n
         for b, bucket in enumerate(self.buckets):
             for i, (start, stop), shape in zip(bucket.gradients, bucket.offsets, bucket.shapes):
                 self.views[i] = self.flats[b][start:stop].reshape(shape)
@@ -198,6 +168,8 @@ class Replica:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
 
     def _run(self, step, rows, offset, weight, scale, fetch_weight, sync) -> dict:
+        for handle in self._settling:  # the buckets are ours to write again once peers have read them
+            handle.wait(self.group.timeout)
         started = time.perf_counter()
         program, n = self.program, len(self.program.gradients)
         self.forward_state.clear()
@@ -209,17 +181,18 @@ class Replica:
         self._missing = [len(b.gradients) for b in self.buckets]
         self._handles: list = [None] * len(self.buckets)
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
-        self.forward.run_count = step - 1  # random ops draw per step
-        self.forward.row_offset = offset  # and per row of the global batch
-        values = self.forward.run([take_rows(source, rows) for source in self.data])
+        feeds = [take_rows(self.data[k], rows) for k in self.feed_order]
+        # random ops (dropout) draw per step, and per row of the global batch, however it is split
+        values = self.forward.run(feeds, step=step - 1, row_offset=offset)
         for i in range(n):  # gradients no plan step made (constants) go in now
             self._produced(i, values[i])
         fetches = [np.array(v, copy=True) * fetch_weight for v in values[n:]]  # before the update changes variables
         computed = time.perf_counter()
         if not all(handle.done() for handle in self._handles):
             self._before_waiting()
-        for handle in self._handles:
-            handle.wait(self.group.timeout)
+        for handle in self._handles:  # the sums are in the buckets (read-only until the next step settles them)
+            handle.summed(self.group.timeout)
+        self._settling = self._handles
         reduced = time.perf_counter()
         self.update.run([self.views[i] for i in self.update_order])
         self.step = step

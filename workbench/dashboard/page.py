@@ -5,7 +5,7 @@ A Bokeh application served by the scheduler's dashboard at ``/individual-workben
 in dask-labextension's panel). It reads the scheduler's
 :class:`~workbench.dashboard.monitor.TrainingMonitor` twice a second: one panel per
 fit, newest first, with steps/s, samples/s and the loss in its title, the loss
-curve, and when each phase (grad, reduce, update, metrics) of the last steps ran
+curve, and when each phase (grad, reduce, update, metrics; allreduce) of the last steps ran
 on each worker.
 """
 
@@ -20,7 +20,8 @@ from bokeh.plotting import figure
 from workbench.dashboard.monitor import NAME
 
 PAGE = "/individual-workbench"
-PHASE_COLORS = {"grad": "#1f77b4", "reduce": "#ff7f0e", "update": "#2ca02c", "metrics": "#9467bd", "host": "#8c564b"}
+PHASE_COLORS = {"grad": "#1f77b4", "reduce": "#ff7f0e", "update": "#2ca02c", "metrics": "#9467bd", "host": "#8c564b",
+                "allreduce": "#17becf"}
 NOT_LOADED = ("No training monitor on this scheduler: start it with <code>--preload workbench.dashboard.preload</code> "
               "(a local cluster from workbench has it).")  # fmt: skip
 NO_FITS = "No fit has reported to this scheduler yet. Fits on this cluster appear here while they train."

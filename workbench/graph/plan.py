@@ -242,6 +242,37 @@ class Plan:
 
         return multi_update_step
 
+    def producers(self) -> list[int]:
+        """For each fetch, the index of the kernel call that computes it (-1: none does; a feed,
+        a constant or a variable read holds it before the run starts)."""
+        made = {}
+        for i, (_fn, _get, out, _dead) in enumerate(self.steps):
+            for o in (out,) if out.__class__ is int else out:
+                made[o] = i
+        return [made.get(s, -1) for s in self.fetch_slots]
+
+    def watch(self, fetches: Sequence[int], callback: Callable[[int, Any], None]) -> None:
+        """Call ``callback(k, value)`` during each run, as soon as the kernel call that computes
+        fetch ``k`` (for each ``k`` in ``fetches``) returns: what lets a caller start on a value
+        (the all-reduce of a gradient) while the run goes on. Fetches no kernel call computes
+        (see :meth:`producers`) are not reported."""
+        wanted: dict[int, list] = {}
+        made = self.producers()
+        for k in fetches:
+            if made[k] >= 0:
+                wanted.setdefault(made[k], []).append(k)
+        for index, ks in wanted.items():
+            fn, get, out, dead = self.steps[index]
+            positions = [(k, None if out.__class__ is int else out.index(self.fetch_slots[k])) for k in ks]
+
+            def watched(*args, _fn=fn, _positions=positions):
+                result = _fn(*args)
+                for k, position in _positions:
+                    callback(k, result if position is None else result[position])
+                return result
+
+            self.steps[index] = (watched, get, out, dead)
+
     @property
     def variable_names(self) -> list[str]:
         return [name for _, name in self.reads]
