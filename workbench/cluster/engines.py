@@ -6,12 +6,15 @@ the session's ``distributed.Client``, ``options`` the
 :class:`~workbench.cluster.options.ClusterOptions` and ``events`` the session's
 event stream (for engine events such as ``Synced`` and ``Restarted``).
 ``Session.fit(..., strategy=name)`` picks one; :func:`register_strategy` adds one.
+:func:`make_engine` guards every engine it makes (:func:`workbench.cluster.failures.guard`):
+whatever fails reaches the user as a ``ClusterError`` with advice and the cause chained.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
+from workbench.cluster import failures
 from workbench.cluster.options import ClusterOptions
 from workbench.errors import ClusterError
 from workbench.events import EventStream
@@ -36,9 +39,14 @@ def register_strategy(name: str, make: Callable[..., StepEngine]) -> None:
 
 
 def make_engine(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
-    """The step engine of ``options.strategy`` for one fit."""
+    """The step engine of ``options.strategy`` for one fit, its failures translated
+    (:func:`~workbench.cluster.failures.guard`); data that cannot fit a worker is refused first."""
     make = STRATEGIES.get(options.strategy)
     if make is None:
         known = ", ".join(sorted(STRATEGIES))
         raise ClusterError(f"unknown strategy {options.strategy!r}; strategies are {known}")
-    return make(request, client, options, events)
+    engine = failures.guard(None, client, request.data)
+    with engine.translated():
+        failures.check_memory(client, request.data)
+        engine.engine = make(request, client, options, events)
+    return engine
