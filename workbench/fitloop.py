@@ -258,8 +258,8 @@ class FitLoop:
                 now = time.perf_counter()
                 seconds = outcome.seconds if outcome.seconds is not None else now - last
                 last = now
+                self.step = outcome.step  # done, whatever the callback does
                 self._record(outcome, seconds)
-                self.step = outcome.step
                 if self.sync_at(outcome.step):
                     self._checkpoint(engine, outcome.step)
                 if self.stop_requested.is_set():

@@ -38,13 +38,13 @@ def cluster_error(error: BaseException, client=None, *, step: int | None = None,
     what = f"{type(error).__name__}: {error}"
     status = getattr(client, "status", "running")
     address = _scheduler_address(client)
-    if status in ("closing", "closed"):
-        message = (f"the Dask client was closed while the fit ran{at} (client.close() or session.close(), "
-                   f"perhaps from another thread); create a new Session to train again ({what})")  # fmt: skip
-    elif status in ("connecting", "failed") or _scheduler_lost(error):
+    if _scheduler_lost(error) or status in ("connecting", "failed"):
         message = (f"lost the Dask scheduler at {address}{at}: it was stopped, or its machine or network went "
                    f"away; start the cluster again and fit again (with checkpoint_dir the fit resumes from "
                    f"its last checkpoint) ({what})")  # fmt: skip
+    elif status in ("closing", "closed"):
+        message = (f"the Dask client was closed while the fit ran{at} (client.close() or session.close(), "
+                   f"perhaps from another thread); create a new Session to train again ({what})")  # fmt: skip
     elif _worker_died(error) and data_bytes and data_bytes > memory_target(client):
         message = (f"the training data ({_mb(data_bytes)}) does not fit a worker's memory "
                    f"(its limit is {_mb(memory_limit(client))}): the worker ran out of memory and was "
