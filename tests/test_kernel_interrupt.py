@@ -67,6 +67,9 @@ def run(client, code: str, timeout: float = 120) -> dict:
         if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
     reply = client.get_shell_msg(timeout=timeout)
+    if reply["content"]["status"] == "aborted":  # sent while the kernel dropped its queue after an error
+        time.sleep(0.5)
+        return run(client, code, timeout)
     return {**reply["content"], "stdout": "".join(out)}
 
 

@@ -156,7 +156,8 @@ class ParameterServer:
             raise ClusterError(f"step {step} failed on the cluster: {type(e).__name__}: {e}") from e
         self.deadline.progressed(time.perf_counter() - waited)
         self.metrics.popleft()
-        for old in [s for s in self.updates if s < step]:
+        # the step before stays until this one is reported: an early end may want its variables
+        for old in [s for s in self.updates if s < step - 1]:
             del self.updates[old]
         return coordinator.step_done(step, metrics)
 
