@@ -58,7 +58,15 @@ def silent_workers(client, candidates, seconds: float, timeout: float = 10.0) ->
         now = time()
         return {a: now - ws.last_seen for a, ws in dask_scheduler.workers.items() if a in addresses}
 
-    ages = client.run_on_scheduler(silence, addresses=list(candidates), callback_timeout=timeout)
+    try:
+        ages = client.run_on_scheduler(silence, addresses=list(candidates), callback_timeout=timeout)
+    except (OSError, TimeoutError):
+        raise  # the scheduler itself is gone or silent
+    except Exception:  # noqa: BLE001 - a scheduler that runs no pickled code: its reports, on our clock
+        from time import time
+
+        workers = client.scheduler_info().get("workers", {})
+        ages = {a: time() - float(w.get("last_seen", time())) for a, w in workers.items() if a in candidates}
     return {a: age for a, age in ages.items() if age > seconds}
 
 
