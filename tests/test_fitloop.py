@@ -1,11 +1,15 @@
 """The training loop and the step-engine seam, without a cluster: a stub engine stands in for one."""
 
+import os
+import signal
+import time
+
 import numpy as np
 import pytest
 
 import workbench as wb
 from workbench import checkpoint
-from workbench.events import FitFinished, FitStarted, Step
+from workbench.events import FitFailed, FitFinished, FitInterrupted, FitStarted, Step
 from workbench.fitloop import FitLoop, FitRequest, LocalSteps, StepEngine, StepOutcome
 
 
@@ -98,3 +102,74 @@ def test_local_fit_accepts_only_the_local_strategy():
     assert len(hist) == 2
     with pytest.raises(wb.ClusterError, match="strategy='parameter_server' needs a cluster"):
         sess.fit(train, data, batch_size=4, steps=2, strategy="parameter_server")
+
+
+def mlp_and_data():
+    g = wb.Graph(name="mlp")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 4))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        w = wb.variable("w", shape=(4, 3))
+        loss = wb.mean(wb.softmax_cross_entropy(wb.matmul(x, w), y), name="loss")
+        train = wb.optimizers.Adam(0.05).minimize(loss)
+    rng = np.random.default_rng(0)
+    return g, train, loss, {"x": rng.normal(size=(64, 4)).astype("float32"), "y": rng.integers(0, 3, 64)}
+
+
+def trained_for(steps):
+    g, train, loss, data = mlp_and_data()
+    sess = wb.Session(g, seed=0)
+    sess.fit(train, data, batch_size=8, steps=steps)
+    return sess.variables
+
+
+def test_a_stop_request_ends_the_fit_after_the_current_step_with_its_variables():
+    g, train, loss, data = mlp_and_data()
+    sess = wb.Session(g, seed=0)
+    seen = []
+    sess.events.subscribe(seen.append)
+    history = sess.fit(train, data, batch_size=8, steps=40, fetches=[loss],
+                       callback=lambda r: sess.request_stop() if r["step"] == 7 else None)  # fmt: skip
+    assert [r["step"] for r in history.records] == list(range(1, 8)) and sess.last_history is history
+    end = seen[-1]
+    assert isinstance(end, FitInterrupted) and (end.step, end.steps, end.reason) == (7, 40, "stopped")
+    np.testing.assert_array_equal(sess.variables["w"], trained_for(7)["w"])
+    assert not sess.request_stop()  # nothing runs now; the next fit runs to its end
+    assert len(sess.fit(train, data, batch_size=8, steps=3).records) == 3
+
+
+def test_an_interrupt_ends_the_fit_at_a_step_boundary_keeping_that_step(monkeypatch):
+    g, train, loss, data = mlp_and_data()
+    sess = wb.Session(g, seed=0)
+    seen = []
+    sess.events.subscribe(seen.append)
+
+    def interrupt(record):  # SIGINT during step 5's callback, as the notebook's interrupt sends it
+        if record["step"] == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the handler has run by now
+
+    with pytest.raises(KeyboardInterrupt) as raised:
+        sess.fit(train, data, batch_size=8, steps=40, fetches=[loss], callback=interrupt)
+    assert [r["step"] for r in raised.value.history.records] == list(range(1, 6))
+    assert sess.last_history.records == raised.value.history.records
+    assert isinstance(seen[-1], FitInterrupted) and (seen[-1].step, seen[-1].reason) == (5, "interrupted")
+    np.testing.assert_array_equal(sess.variables["w"], trained_for(5)["w"])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert len(sess.fit(train, data, batch_size=8, steps=3).records) == 3
+
+
+def test_a_failed_fit_ends_with_a_typed_event_and_keeps_its_partial_history():
+    g, train, loss, data = mlp_and_data()
+    sess = wb.Session(g, seed=0)
+    seen = []
+    sess.events.subscribe(seen.append)
+
+    def fail(record):
+        if record["step"] == 3:
+            raise ValueError("callback broke")
+
+    with pytest.raises(ValueError, match="callback broke"):
+        sess.fit(train, data, batch_size=8, steps=10, callback=fail)
+    assert isinstance(seen[-1], FitFailed) and seen[-1].step == 3 and "callback broke" in seen[-1].error
+    assert len(sess.last_history.records) == 3

@@ -228,6 +228,30 @@ class FitFinished(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class FitInterrupted(Event):
+    """A fit ended early, after ``step`` (the step whose variables the session now holds).
+
+    ``reason`` is ``"stopped"`` (a stop request: the view's Stop button,
+    ``Session.request_stop``; ``fit`` returns normally) or ``"interrupted"``
+    (``KeyboardInterrupt``, the notebook's interrupt; ``fit`` re-raises it).
+    """
+
+    kind: ClassVar[str] = "fit_interrupted"
+    step: int = 0
+    steps: int = 0
+    reason: str = "stopped"
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitFailed(Event):
+    """A fit failed after ``step`` (the last step recorded) with ``error`` (its message)."""
+
+    kind: ClassVar[str] = "fit_failed"
+    step: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class NodeState(Event):
     """One op of ``graph`` changed state (``"waiting"``, ``"running"``, ``"done"``, ``"error"``)."""
 
@@ -284,7 +308,8 @@ class GraphCapture(Event):
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (PlanCompiled, RunStarted, RunFinished, RunFailed, FitStarted, Step, Validated, Synced, Restarted,
-                FitFinished, NodeState, ScalingStarted, ScalingPoint, ScalingFinished, GraphCapture)
+                FitFinished, FitInterrupted, FitFailed, NodeState, ScalingStarted, ScalingPoint, ScalingFinished,
+                GraphCapture)
 }
 Listener = Callable[[Event], None]
 

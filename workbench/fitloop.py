@@ -13,15 +13,21 @@ that the request's strategy makes:
 
 The loop owns what every engine shares: resuming from the newest checkpoint,
 the records of :class:`~workbench.training.History`, the typed events
-(:class:`~workbench.events.FitStarted`, :class:`~workbench.events.Step`,
-:class:`~workbench.events.FitFinished`), the callback and the checkpoint
-cadence. An engine takes variable values in (host NumPy dicts) and hands them
-back; it never reads or writes a session's private state.
+(:class:`~workbench.events.FitStarted`, :class:`~workbench.events.Step`, and one
+of :class:`~workbench.events.FitFinished`, :class:`~workbench.events.FitInterrupted`
+or :class:`~workbench.events.FitFailed` at the end), the callback, the checkpoint
+cadence and ending early: a stop request (:func:`request_stop`) or a
+``KeyboardInterrupt`` ends the fit at a step boundary, with that step's
+variables (:meth:`StepEngine.settle`). An engine takes variable values in (host
+NumPy dicts) and hands them back; it never reads or writes a session's private state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
@@ -29,7 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.events import EventStream, FitFinished, FitStarted, Step, Validated
+from workbench.events import EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step, Validated
 from workbench.training import History, batch_indices
 
 
@@ -66,6 +72,12 @@ class StepEngine(Protocol):
 
     ``strategy`` names it in :class:`~workbench.events.FitStarted`; ``replicas`` and
     ``workers`` (None locally) too; ``restarts`` counts recoveries from lost work.
+
+    Optional: ``settle(step) -> (variables, step)``, called when the fit ends early
+    (a stop request, ``KeyboardInterrupt``) after the outcome of ``step``, before
+    :meth:`close`: the variables of that step (the engine fetches them if they are not
+    home yet), or the latest host copy and its step when they are lost. Without it the
+    loop keeps :meth:`variables`.
     """
 
     strategy: str
@@ -84,7 +96,7 @@ class StepEngine(Protocol):
         """The latest host copy of the variables, and the step it belongs to."""
 
     def close(self) -> None:
-        """Release what :meth:`start` took (futures, scattered data)."""
+        """Release what :meth:`start` took (futures, scattered data); what is in flight is cancelled."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +146,23 @@ class FitRequest:
         return bool(self.stats) and self.stats_every > 0 and step % self.stats_every == 0
 
 
+#: The running loop of each session (by its event token), for :func:`request_stop`.
+_RUNNING: dict[str, FitLoop] = {}
+
+
+def request_stop(session: str) -> bool:
+    """Ask the fit running for the session whose token is ``session`` to end after its current step.
+
+    Thread-safe (a widget's button, a timer, another thread); the fit returns the steps done
+    and the session keeps that step's variables. Returns whether a fit was running.
+    """
+    loop = _RUNNING.get(session)
+    if loop is None:
+        return False
+    loop.request_stop()
+    return True
+
+
 class FitLoop:
     """Records, events, callback, checkpoints and resume of one ``fit``, whatever the engine.
 
@@ -167,6 +196,10 @@ class FitLoop:
         self.every = checkpoint_every or request.steps
         self.validation = validation
         self.history = History()
+        self.stop_requested = threading.Event()
+        self.step = 0  # the last step taken
+        self.final: dict[str, np.ndarray] | None = None  # the variables at the end
+        self.stopped_at: int | None = None  # the step an early end kept
 
     def sync_at(self, step: int) -> bool:
         """Whether the loop writes a checkpoint after ``step`` (so the engine brings it home)."""
@@ -184,41 +217,90 @@ class FitLoop:
         saved, step = resumed
         return {**variables, **{k: v for k, v in saved.items() if k in variables}}, min(step, self.request.steps)
 
+    def request_stop(self) -> None:
+        """End the fit after the step in progress (thread-safe): ``run`` returns that step's results."""
+        self.stop_requested.set()
+
     def run(self, engine: StepEngine, variables: dict[str, np.ndarray]) -> tuple[History, dict[str, np.ndarray]]:
         """Train from ``variables`` (the session's, or a checkpoint's when resuming) to the last step.
 
-        Returns the history and the variables' final values.
+        Returns the history and the variables' final values: those of the last step, or of the
+        step where a stop request ended the fit (then :attr:`stopped_at` is that step). On
+        ``KeyboardInterrupt`` :attr:`final` holds the last completed step's values, the
+        exception's ``history`` attribute the steps done, and the interrupt is raised again.
         """
         req = self.request
         variables, start = self.resume(variables)
-        engine.start(variables, start)
+        self.step = start
+        token = self.events.tags.get("session", "")
+        _RUNNING[token] = self
         try:
-            self.events.emit(
-                FitStarted,
-                steps=req.steps,
-                batch_size=req.batch_size,
-                fetches=tuple(req.fetches),
-                start=start,
-                strategy=engine.strategy,
-                reason=getattr(engine, "reason", ""),
-                replicas=engine.replicas,
-                workers=engine.workers,
-                graph_name=req.graph.name,
-                scheduler=getattr(engine, "scheduler", None),
-            )
+            engine.start(variables, start)
+            try:
+                self._emit_started(engine, start)
+                self._steps(engine, start)
+                if self.stop_requested.is_set() and self.step < req.steps:
+                    self._end_early(engine, "stopped")
+                else:
+                    self.final, _ = engine.variables()
+                    self.events.emit(FitFinished, steps=req.steps, restarts=engine.restarts)
+            except KeyboardInterrupt as e:
+                self._end_early(engine, "interrupted")
+                with contextlib.suppress(AttributeError, TypeError):
+                    e.history = self.history
+                raise
+            except Exception as e:
+                self.events.emit(FitFailed, step=self.step, error=f"{type(e).__name__}: {e}")
+                raise
+            finally:
+                engine.close()
+        finally:
+            if _RUNNING.get(token) is self:
+                del _RUNNING[token]
+        return self.history, self.final
+
+    def _emit_started(self, engine: StepEngine, start: int) -> None:
+        req = self.request
+        self.events.emit(
+            FitStarted,
+            steps=req.steps,
+            batch_size=req.batch_size,
+            fetches=tuple(req.fetches),
+            start=start,
+            strategy=engine.strategy,
+            reason=getattr(engine, "reason", ""),
+            replicas=engine.replicas,
+            workers=engine.workers,
+            graph_name=req.graph.name,
+            scheduler=getattr(engine, "scheduler", None),
+        )
+
+    def _steps(self, engine: StepEngine, start: int) -> None:
+        """Take the engine's outcomes until the last step or a stop request."""
+        outcomes = engine.run(start + 1, self.request.steps, self.host_at)
+        try:
             last = time.perf_counter()
-            for outcome in engine.run(start + 1, req.steps, self.host_at):
+            for outcome in outcomes:
                 now = time.perf_counter()
                 seconds = outcome.seconds if outcome.seconds is not None else now - last
                 last = now
+                self.step = outcome.step  # done, whatever the callback does
                 self._record(outcome, seconds, engine)
                 if self.sync_at(outcome.step):
                     self._checkpoint(engine, outcome.step)
-            final, _ = engine.variables()
+                if self.stop_requested.is_set():
+                    break
         finally:
-            engine.close()
-        self.events.emit(FitFinished, steps=req.steps, restarts=engine.restarts)
-        return self.history, final
+            close = getattr(outcomes, "close", None)
+            if close is not None:
+                close()
+
+    def _end_early(self, engine: StepEngine, reason: str) -> None:
+        """The variables of the last step taken (:meth:`StepEngine.settle`) and a FitInterrupted."""
+        settle = getattr(engine, "settle", None)
+        self.final, at = settle(self.step) if settle is not None else engine.variables()
+        self.stopped_at = at
+        self.events.emit(FitInterrupted, step=at, steps=self.request.steps, reason=reason)
 
     def _record(self, outcome: StepOutcome, seconds: float, engine: StepEngine) -> None:
         rate = self.request.batch_size / seconds if seconds > 0 else float("inf")
@@ -280,22 +362,57 @@ class LocalSteps:
         n = len(next(iter(req.data.values())))
         labels, names = list(req.fetches), [self.train, *req.fetches.values()]
         indices = batch_indices(n, req.batch_size, last, seed=req.batch_seed, start=first - 1)
-        for step, idx in enumerate(indices, start=first):
-            started = time.perf_counter()
-            batch = {name: a[idx] for name, a in req.data.items()}
-            probed = names + list(req.stats.values()) if req.stats_due(step) else names
-            values = run(probed, batch, check_numerics=req.check_numerics, step=step - 1)
-            elapsed = time.perf_counter() - started
-            self.step = step
-            fetched, stats = values[1 : len(names)], values[len(names) :]
-            yield StepOutcome(step, dict(zip(labels, map(_scalar, fetched))), seconds=elapsed,
-                              stats=dict(zip(req.stats, map(_scalar, stats))))  # fmt: skip
+        # updates are applied in place as a step runs: an interrupt waits for the step's end
+        # (a second one does not), so the variables are always those of a whole step
+        with interrupts_at_step_boundaries() as pending:
+            for step, idx in enumerate(indices, start=first):
+                if pending():
+                    raise KeyboardInterrupt
+                started = time.perf_counter()
+                batch = {name: a[idx] for name, a in req.data.items()}
+                probed = names + list(req.stats.values()) if req.stats_due(step) else names
+                values = run(probed, batch, check_numerics=req.check_numerics, step=step - 1)
+                elapsed = time.perf_counter() - started
+                self.step = step
+                fetched, stats = values[1 : len(names)], values[len(names) :]
+                yield StepOutcome(step, dict(zip(labels, map(_scalar, fetched))), seconds=elapsed,
+                                  stats=dict(zip(req.stats, map(_scalar, stats))))  # fmt: skip
+            if pending():
+                raise KeyboardInterrupt
 
     def variables(self) -> tuple[dict[str, np.ndarray], int]:
         return self.session.variables, self.step
 
+    def settle(self, step: int) -> tuple[dict[str, np.ndarray], int]:
+        return self.variables()
+
     def close(self) -> None:
         pass
+
+
+@contextlib.contextmanager
+def interrupts_at_step_boundaries():
+    """While inside, the first SIGINT is held back: ``pending()`` says whether one came (the
+    caller raises KeyboardInterrupt where it is safe); a second SIGINT interrupts at once.
+
+    Only in the main thread, and only over Python's own SIGINT handler; elsewhere nothing changes.
+    """
+    received: list[int] = []
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is not signal.default_int_handler:
+        yield lambda: False
+        return
+
+    def hold(signum, frame):
+        received.append(signum)
+        if len(received) > 1:
+            signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield lambda: bool(received)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _scalar(value):

@@ -11,7 +11,7 @@ import numpy as np
 from workbench import checkpoint
 from workbench.errors import ClusterError, FeedError, FormatError, GraphError, WorkbenchError
 from workbench.events import ROOT, EventStream, PlanCompiled, RunFailed, RunFinished, RunStarted, new_token
-from workbench.fitloop import FitLoop, FitRequest, LocalSteps
+from workbench.fitloop import FitLoop, FitRequest, LocalSteps, request_stop
 from workbench.devices import open_device
 from workbench.graph.compile import PlanCache, PlanKey, compile_plan
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
@@ -77,6 +77,8 @@ class Session:
         self._state: dict[str, Any] = {}
         self._plans = PlanCache()
         self._fits = 0
+        #: The history of the latest ``fit``, also when it was interrupted or failed (the steps done).
+        self.last_history: History | None = None
 
     @property
     def xp(self):
@@ -282,6 +284,7 @@ class Session:
         strategy: str | None = None,
         validation=None,
         stats: int | None = None,
+        step_timeout: float | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -307,14 +310,17 @@ class Session:
             Write the variables every ``checkpoint_every`` steps (atomically) and
             resume from the newest checkpoint there when fit starts again. Without
             ``checkpoint_every``: at the last step, and on a cluster at every sync.
-        window, sync_every, workers, backup_replicas, strategy :
+        window, sync_every, workers, backup_replicas, strategy, step_timeout :
             Cluster options (see :class:`workbench.cluster.ClusterOptions`): steps in
             flight, steps between host copies of the variables, the workers to use,
-            extra shards per step whose slowest are dropped (Chen et al. 2016), and the
+            extra shards per step whose slowest are dropped (Chen et al. 2016), the
             step engine: ``"allreduce"`` (the default: gradients all-reduced worker to
             worker inside each step's tasks) or ``"parameter_server"`` (a task graph per
             step; what ``backup_replicas``, dask-array data and GPU sessions use, chosen
-            by itself for them when no strategy is named); locally only ``"local"``.
+            by itself for them when no strategy is named; locally only ``"local"``), and
+            seconds without progress before the fit restarts from its last sync without
+            the workers that stopped answering (default: from the measured step time,
+            at most a minute for fast steps; the first step gets longer to compile).
         validation : tuple (data, every_k_steps), optional
             Held-out data (as ``data``) on which the fetches are evaluated every k steps,
             recorded as ``val_<label>`` (see :mod:`workbench.validation`).
@@ -328,6 +334,16 @@ class Session:
             ``records``: one dict per step with ``"step"``, ``"time"``,
             ``"samples_per_s"`` and each fetch (on a cluster also per-replica
             compute, reduce and update seconds, busy seconds per worker and bytes moved).
+            :attr:`last_history` holds it too, also when the fit raised.
+
+        Notes
+        -----
+        Ending early: :meth:`request_stop` (or the training view's Stop button) ends
+        the fit after the current step; ``fit`` returns the steps done and the session
+        keeps that step's variables. A ``KeyboardInterrupt`` (the notebook's interrupt)
+        does the same and is raised again, the steps done in its ``history`` attribute
+        and in :attr:`last_history`. Either way a ``FitInterrupted`` event names the step.
+        On a cluster every failure is a ``ClusterError`` whose cause is chained.
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
         request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats)
@@ -339,12 +355,23 @@ class Session:
             from workbench.cluster.options import ClusterOptions
 
             chosen = tuple(workers) if workers is not None else None
-            options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas)
+            options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
             engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
-        history, final = loop.run(engine, self.variables)
+        self.last_history = loop.history
+        try:
+            history, final = loop.run(engine, self.variables)
+        except KeyboardInterrupt:
+            if loop.final is not None:  # the last completed step's variables
+                self.set_variables(loop.final)
+            raise
         self.set_variables(final)
         return history
+
+    def request_stop(self) -> bool:
+        """End the running ``fit`` of this session after its current step (from any thread:
+        a callback, a timer, the training view's Stop button). Returns whether a fit was running."""
+        return request_stop(self.token)
 
     def _local_engine(self, request: FitRequest, replicas, strategy) -> LocalSteps:
         needs = "needs a cluster: create the session with cluster='local' or an address"

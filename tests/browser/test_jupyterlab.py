@@ -271,15 +271,19 @@ def goto_notebook(page, url, token, name):
                            timeout=60_000)  # fmt: skip
 
 
-def open_notebook(page, url, token, name):
-    """Open ``name``.ipynb in JupyterLab and run all its cells."""
+def open_notebook(page, url, token, name, wait: bool = True):
+    """Open ``name``.ipynb in JupyterLab and run all its cells (without waiting for them: ``wait=False``)."""
     goto_notebook(page, url, token, name)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    if wait:
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    else:
+        page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 @contextlib.contextmanager
-def notebook_page(lab, name: str, cells, width: int = 1300, height: int = 1600):
-    """A page of headless Chromium with a notebook of ``cells`` open in JupyterLab, all cells started."""
+def notebook_page(lab, name: str, cells, width: int = 1300, height: int = 1600, wait: bool = True):
+    """A page of headless Chromium with a notebook of ``cells`` open in JupyterLab, all cells started
+    (and run, unless ``wait=False``)."""
     chromium = ensure_chromium()
     import nbformat
     from playwright.sync_api import sync_playwright
@@ -290,7 +294,7 @@ def notebook_page(lab, name: str, cells, width: int = 1300, height: int = 1600):
         browser = launch(pw, chromium)
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
-            open_notebook(page, url, token, name)
+            open_notebook(page, url, token, name, wait)
             yield page
         finally:
             browser.close()
@@ -610,3 +614,37 @@ def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
                                timeout=15_000)  # fmt: skip
         assert graph.locator("g.wb-node[data-stat]").count() >= 3
         page.screenshot(path=str(tmp_path / "stats-scrubbed.png"))
+
+
+STOP_NOTEBOOK = [
+    "import numpy as np\nimport workbench as wb\n"
+    "g = wb.Graph(name='mlp')\nwith g.as_default():\n"
+    "    x = wb.placeholder('x', shape=(None, 6))\n    y = wb.placeholder('y', shape=(None,), dtype='int64')\n"
+    "    w = wb.variable('w', shape=(6, 3))\n    loss = wb.mean(wb.softmax_cross_entropy(wb.matmul(x, w), y))\n"
+    "    train = wb.optimizers.Adam(0.05).minimize(loss)\n"
+    "rng = np.random.default_rng(0)\ndata = {'x': rng.normal(size=(256, 6)), 'y': rng.integers(0, 3, 256)}\n"
+    "sess = wb.Session(g, seed=0)",
+    "history = sess.fit(train, data, batch_size=32, steps=10_000_000, fetches={'loss': loss})",
+    "print('steps done', len(history.records))",
+]
+
+
+def test_the_stop_button_ends_a_running_fit_after_its_current_step(lab, tmp_path):
+    with notebook_page(lab, "stop", STOP_NOTEBOOK, wait=False) as page:
+        view = page.locator(".wb-training").first
+        view.locator(".wb-progress-text").wait_for(timeout=60_000)
+        page.wait_for_function(  # steps are running
+            "() => /step [1-9][0-9]* \\//.test(document.querySelector('.wb-training .wb-progress-text').textContent)",
+            timeout=30_000,
+        )
+        view.locator("button.wb-stop").click()
+        page.wait_for_function(
+            "() => /interrupted at step [1-9]/.test(document.querySelector('.wb-training .wb-title').textContent)",
+            timeout=30_000,
+        )
+        wait_for_last_cell(page)
+        assert not view.locator("button.wb-stop").is_visible()  # nothing left to stop
+        page.screenshot(path=str(tmp_path / "stopped.png"))
+        done = int(page.locator(".jp-OutputArea-output", has_text="steps done").inner_text().split()[-1])
+        title = view.locator(".wb-title").inner_text()
+        assert 0 < done < 10_000_000 and f"interrupted at step {done}" in title

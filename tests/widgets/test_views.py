@@ -6,7 +6,9 @@ import pytest
 import workbench as wb
 from workbench.events import (
     EventStream,
+    FitFailed,
     FitFinished,
+    FitInterrupted,
     FitStarted,
     NodeState,
     Restarted,
@@ -165,6 +167,35 @@ def test_training_view_from_a_real_fit(clock, linear):
     assert view.state["step"] == 12 and view.state["status"] == "done"
     assert len(view.state["curves"]["loss"]) == 12
     assert view.state["curves"]["loss"][-1][1] < view.state["curves"]["loss"][0][1]
+
+
+def test_the_stop_button_ends_a_real_fit_after_the_current_step_and_the_view_says_so(clock, linear):
+    g, train, loss = linear
+    sess = wb.Session(g)
+    view = TrainingView(clock=clock).follow(sess.events, session=sess.token)
+
+    def click(record):  # what the front end's Stop button sends
+        if record["step"] == 4:
+            view._on_front_end_message(view, {"event": "stop"}, [])
+            assert view.model.outcome == "stopping after this step"
+
+    history = sess.fit(train, {"x": np.ones((16, 2), "float32")}, batch_size=4, steps=50, fetches={"loss": loss},
+                       callback=click)  # fmt: skip
+    assert len(history.records) == 4
+    assert view.state["status"] == "interrupted" and view.state["outcome"] == "interrupted at step 4"
+    assert "interrupted at step 4" in view.snapshot() and not view.following
+    assert not view.request_stop()  # the run is over: a late click stops nothing
+
+
+def test_the_final_state_says_done_interrupted_or_failed(clock):
+    outcomes = []
+    for end in (FitFinished(steps=9), FitInterrupted(step=6, steps=9, reason="interrupted"),
+                FitFailed(step=3, error="ClusterError: lost the Dask scheduler")):  # fmt: skip
+        view = TrainingView(clock=clock)
+        view.feed([FitStarted(steps=9, batch_size=2), *steps(3), end])
+        outcomes.append(view.state["outcome"])
+        assert view.ended
+    assert outcomes == ["done", "interrupted at step 6", "failed: ClusterError: lost the Dask scheduler"]
 
 
 # -- graph view ---------------------------------------------------------------------------

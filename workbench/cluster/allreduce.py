@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.health import StepDeadline, silence_threshold, silent_workers
 from workbench.cluster.communicator import tree_sum
 from workbench.cluster.lower import allreduce_calls, allreduce_key
 from workbench.cluster.program import TrainingProgram
@@ -77,8 +78,10 @@ class AllReduceEngine:
         Steps in flight.
     timeout : float
         Seconds a replica waits for a peer before the step fails (and the run restarts).
-    step_timeout : float
-        Seconds the driver waits for a step at most.
+    step_timeout : float, optional
+        Seconds without progress before the steps in flight count as lost (default: from the
+        measured step time, see :class:`workbench.cluster.health.StepDeadline`); members the
+        scheduler stopped hearing from are then left out of the fit.
     bucket_bytes : int
         Gradient bytes per all-reduce bucket.
     algorithm : {"auto", "direct", "ring", "gather"}
@@ -99,7 +102,7 @@ class AllReduceEngine:
     strategy = "allreduce"
 
     def __init__(self, client, program: TrainingProgram, data: dict, batch_size: int, batch_seed, *, workers=None,
-                 replicas: int | None = None, window: int = 4, timeout: float = 60.0, step_timeout: float = 300.0,
+                 replicas: int | None = None, window: int = 4, timeout: float = 60.0, step_timeout: float | None = None,
                  bucket_bytes: int = 4 << 20, algorithm: str = "auto", max_restarts: int = 5,
                  name: str = "train", labels=None, sync_every: int | None = None, events=None,
                  reason: str = ""):  # fmt: skip
@@ -125,7 +128,9 @@ class AllReduceEngine:
         self.workers: int | None = None
         self.reason = reason  # why fit chose this strategy (see workbench.cluster.engines)
         self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
-        self.timeout, self.step_timeout, self.bucket_bytes = timeout, step_timeout, bucket_bytes
+        self.timeout, self.bucket_bytes = timeout, bucket_bytes
+        self.deadline = StepDeadline(step_timeout)  # no progress for this long: a hung worker is left out
+        self.left_out: set[str] = set()  # workers that stopped answering during this fit
         self.algorithm, self.max_restarts, self.name = algorithm, max_restarts, name
         self.poll = 0.5  # seconds between checks that the members are still there, while a step runs
         self.run_id = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -147,7 +152,7 @@ class AllReduceEngine:
         )  # fmt: skip
         return cls(
             client, program, request.data, request.batch_size, request.batch_seed, workers=options.workers,
-            replicas=options.replicas, window=options.window, timeout=min(60.0, options.step_timeout),
+            replicas=options.replicas, window=options.window, timeout=min(60.0, options.step_timeout or 60.0),
             step_timeout=options.step_timeout, name=request.graph.name, labels=list(request.fetches),
             sync_every=options.sync_every, events=events, reason=options.reason,
         )  # fmt: skip
@@ -202,12 +207,13 @@ class AllReduceEngine:
     # -- placing replicas -------------------------------------------------------------------------
     def _candidates(self) -> list[str]:
         known = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
-        return [w for w in (self.addresses or known) if w in known]
+        return [w for w in (self.addresses or known) if w in known and w not in self.left_out]
 
     def _members(self, candidates: list[str]) -> list[str]:
         count = len(candidates) if self.max_replicas is None else min(self.max_replicas, len(candidates))
         if count < 1:
-            raise ClusterError(f"no workers left to train on (asked for {list(self.addresses or []) or 'any'})")
+            silent = f"; left out for not answering: {', '.join(sorted(self.left_out))}" if self.left_out else ""
+            raise ClusterError(f"no workers left to train on (asked for {list(self.addresses or []) or 'any'}){silent}")
         return candidates[:count]
 
     def _launch(self, members: list[str]) -> None:
@@ -246,7 +252,8 @@ class AllReduceEngine:
         changed = threading.Event()
         for f in futures:
             f.add_done_callback(lambda _: changed.set())
-        deadline = time.monotonic() + self.step_timeout
+        waited = time.monotonic()
+        deadline = waited + self.deadline.seconds
         while True:
             changed.clear()
             for f in futures:
@@ -258,9 +265,11 @@ class AllReduceEngine:
                 if f.status == "cancelled":
                     raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")
             if all(f.status == "finished" for f in futures):
-                return [f.result() for f in futures]
+                results = [f.result() for f in futures]
+                self.deadline.progressed(time.monotonic() - waited)
+                return results
             if time.monotonic() > deadline:
-                raise TimeoutError(f"step {step} did not finish within {self.step_timeout:g} s")
+                raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
             if not changed.wait(self.poll):
                 self._check_members(step)
 
@@ -277,7 +286,14 @@ class AllReduceEngine:
                 f"training failed {self.restarts} times; last at step {step}: {type(error).__name__}: {error}"
             ) from error
         self._cancel()
-        self._wait_for_departures()
+        # members that stopped answering (a stopped process: no progress, or a peer's collective
+        # timed out) are left out of this fit; a dead one leaves the cluster by itself
+        waited = min(self.deadline.seconds, self.timeout)
+        silent = silent_workers(self.client, self.group.addresses, silence_threshold(waited))
+        self.left_out.update(silent)
+        if not silent:
+            self._wait_for_departures()
+        self.deadline.restarted()
         self._drop()
         if self.events is not None:
             self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)

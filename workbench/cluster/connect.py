@@ -35,6 +35,7 @@ import dask.config
 from workbench.errors import ClusterError
 
 PRELOAD = "workbench.dashboard.preload"  # scheduler preload: the dashboard's Workbench page, training metrics
+WORKER_PRELOAD = "workbench.cluster.worker_preload"  # local workers ignore the kernel's SIGINT
 
 BLAS_ENV = {
     "OMP_NUM_THREADS": "1",
@@ -66,6 +67,8 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     With GPUs and dask-cuda installed, a ``LocalCUDACluster`` with one worker per GPU.
     Everything it opens (scheduler, workers, nannies, dashboard) listens on 127.0.0.1
     unless ``host`` or a dashboard address with a host (``"0.0.0.0:8787"``) says otherwise.
+    Its workers ignore SIGINT (:data:`WORKER_PRELOAD`): a notebook's interrupt, sent to the
+    kernel's process group, stops the kernel's ``fit`` but not the cluster.
     """
     gpus = gpu_count()
     dashboard = on_loopback(kwargs.pop("dashboard_address", config("dashboard-address", ":0")))
@@ -74,6 +77,8 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     preload = list(scheduler_kwargs.get("preload") or dask.config.get("distributed.scheduler.preload", None) or [])
     scheduler_kwargs["preload"] = preload if PRELOAD in preload else [*preload, PRELOAD]
     kwargs["scheduler_kwargs"] = scheduler_kwargs
+    worker_preload = list(kwargs.pop("preload", None) or dask.config.get("distributed.worker.preload", None) or [])
+    kwargs["preload"] = worker_preload if WORKER_PRELOAD in worker_preload else [*worker_preload, WORKER_PRELOAD]
     if gpus:
         try:
             from dask_cuda import LocalCUDACluster

@@ -20,6 +20,9 @@ A strategy may also say which fits it cannot train (``limits``). When ``fit`` is
 not given a strategy and the default cannot train it, ``parameter_server`` does,
 and the reason is in :class:`~workbench.events.FitStarted`; a strategy named
 explicitly raises :class:`~workbench.errors.ClusterError` with the reason instead.
+
+:func:`make_engine` guards every engine it makes (:func:`workbench.cluster.failures.guard`):
+whatever fails reaches the user as a ``ClusterError`` with advice and the cause chained.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from workbench.cluster import failures
 from workbench.cluster.options import ClusterOptions
 from workbench.errors import ClusterError
 from workbench.events import EventStream
@@ -102,9 +106,15 @@ def choose_strategy(request: FitRequest, client, options: ClusterOptions) -> tup
 
 
 def make_engine(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
-    """The step engine of ``options.strategy`` (default :data:`DEFAULT_STRATEGY`) for one fit."""
+    """The step engine of ``options.strategy`` (default :data:`DEFAULT_STRATEGY`) for one fit, its
+    failures translated (:func:`~workbench.cluster.failures.guard`); data that cannot fit a worker
+    is refused first."""
     from workbench.cluster.malloc import ReuseFreedMemory
 
     name, reason = choose_strategy(request, client, options)
-    client.register_plugin(ReuseFreedMemory())  # every strategy's tasks allocate large temporaries
-    return STRATEGIES[name](request, client, dataclasses.replace(options, strategy=name, reason=reason), events)
+    engine = failures.guard(None, client, request.data)
+    with engine.translated():
+        failures.check_memory(client, request.data)
+        client.register_plugin(ReuseFreedMemory())  # every strategy's tasks allocate large temporaries
+        engine.engine = STRATEGIES[name](request, client, dataclasses.replace(options, strategy=name, reason=reason), events)
+    return engine

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 from dask.task_spec import List, TaskRef
 
+from workbench.cluster.health import StepDeadline, silence_threshold, silent_workers
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_name
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
@@ -61,7 +62,9 @@ class ParameterServer:
         self.batch_size, self.steps = request.batch_size, request.steps
         self.replicas = options.replicas_for(client)
         self.workers = options.worker_count(client)
-        self.window, self.sync_every, self.step_timeout = options.window, options.sync_every, options.step_timeout
+        self.window, self.sync_every = options.window, options.sync_every
+        self.deadline = StepDeadline(options.step_timeout)
+        self.excluded: dict[str, float] = {}  # workers left out after they stopped answering: seconds silent
         self.worker_addresses, self.backups = options.workers, options.backup_replicas
         self.reason = options.reason  # why fit chose this strategy, if it did
         self.program = TrainingProgram.from_graph(
@@ -91,8 +94,19 @@ class ParameterServer:
     def variables(self) -> tuple[dict, int]:
         return self.host
 
+    def settle(self, step: int) -> tuple[dict, int]:
+        if self.host[1] != step and step in self.updates:
+            try:
+                self.host = ({**self.host[0], **self._fetch(self.updates[step], step)}, step)
+            except (*self._transient, ClusterError):
+                pass  # lost with its worker: the last host copy stays
+        return self.host
+
     def close(self) -> None:
-        self.metrics, self.updates = deque(), {}  # the scheduler forgets what nobody wants
+        # the scheduler forgets (and cancels) what nobody wants any more
+        self.metrics, self.updates = deque(), {}
+        self.state_ref = self.program_ref = None
+        self.sources = {}
 
     def run(self, first: int, last: int, sync_at) -> Iterator[StepOutcome]:
         coordinator = Coordinator(first - 1, last, window=self.window, sync_every=self.sync_every, sync_at=sync_at)
@@ -112,57 +126,94 @@ class ParameterServer:
         """Carry out the coordinator's instructions; True once it says Finish."""
         while todo:
             instruction = todo.popleft()
-            if isinstance(instruction, Submit):
-                self._submit(instruction.step)
-            elif isinstance(instruction, Record):
-                outcomes.append(self._outcome(instruction.step, instruction.metrics))
-            elif isinstance(instruction, Sync):
-                try:
+            try:
+                if isinstance(instruction, Submit):
+                    self._submit(instruction.step)
+                elif isinstance(instruction, Record):
+                    outcomes.append(self._outcome(instruction.step, instruction.metrics))
+                elif isinstance(instruction, Sync):
                     self._sync(instruction.step)
-                except self._transient as e:
-                    todo.clear()
-                    todo.extend(coordinator.failed(instruction.step, e))
-                    continue
-                todo.extend(coordinator.synced(instruction.step))
-            elif isinstance(instruction, Restart):
-                self._restart(instruction)
-            elif isinstance(instruction, Finish):
-                return True
+                    todo.extend(coordinator.synced(instruction.step))
+                elif isinstance(instruction, Restart):
+                    self._restart(instruction)
+                elif isinstance(instruction, Finish):
+                    return True
+            except self._transient as e:
+                todo.clear()
+                todo.extend(self._recover(coordinator, getattr(instruction, "step", coordinator.done), e))
         return False
 
     def _wait(self, coordinator: Coordinator) -> list:
         """Wait for the oldest step in flight; the coordinator's next instructions."""
         step, future = self.metrics[0]
+        waited = time.perf_counter()
         try:
-            metrics = future.result(timeout=self.step_timeout)
+            metrics = future.result(timeout=self.deadline.seconds)
         except self._transient as e:
-            return coordinator.failed(step, e)
+            return self._recover(coordinator, step, e)
         except WorkbenchError:
             raise
         except Exception as e:
             raise ClusterError(f"step {step} failed on the cluster: {type(e).__name__}: {e}") from e
+        self.deadline.progressed(time.perf_counter() - waited)
         self.metrics.popleft()
-        for old in [s for s in self.updates if s < step]:
+        # the step before stays until this one is reported: an early end may want its variables
+        for old in [s for s in self.updates if s < step - 1]:
             del self.updates[old]
         return coordinator.step_done(step, metrics)
 
+    def _recover(self, coordinator: Coordinator, step: int, error: BaseException) -> list:
+        """Lost work: leave out the workers that stopped answering, then restart from the last sync.
+
+        ClusterError (naming them) when no worker is left; the error itself when the client
+        cannot go on (closed, or its scheduler gone: :mod:`workbench.cluster.failures` says so).
+        """
+        if self.client.status != "running":
+            raise error
+        candidates = [w for w in self._workers_now() if w not in self.excluded]
+        silent = silent_workers(self.client, candidates, silence_threshold(self.deadline.seconds))
+        self.excluded.update(silent)
+        if silent and not [w for w in candidates if w not in silent]:
+            named = ", ".join(f"{w} (silent for {s:.0f} s)" for w, s in sorted(self.excluded.items()))
+            raise ClusterError(
+                f"step {step} made no progress for {self.deadline.seconds:g} s and no worker is left: {named} "
+                "stopped answering (a stopped process, a stuck GPU?); fix or restart those workers and fit again"
+            ) from error
+        self.deadline.restarted()
+        return coordinator.failed(step, error)
+
+    def _workers_now(self) -> list:
+        """The workers this fit may use now (the ones asked for, or all), without those left out."""
+        known = self.worker_addresses or sorted(self.client.scheduler_info().get("workers", {}))
+        return [w for w in known if w not in self.excluded]
+
+    def _placement(self) -> tuple | None:
+        """Where data and tasks may go: None (anywhere, or the ``workers`` asked for) until a
+        worker is left out, then the workers left."""
+        if not self.excluded:
+            return self.worker_addresses
+        left = tuple(self._workers_now())
+        if not left:
+            raise ClusterError(f"no worker is left: {', '.join(sorted(self.excluded))} stopped answering")
+        return left
+
     def _scatter(self, variables: dict, step: int) -> None:
-        client = self.client
+        client, where, timeout = self.client, self._placement(), self.deadline.seconds
         self.token = uuid.uuid4().hex[:8]
-        self.program_ref = client.scatter(self.program, broadcast=True, hash=False)
+        self.program_ref = client.scatter(self.program, broadcast=True, hash=False, workers=where, timeout=timeout)
         # a list, so that scatter keeps the dict whole
-        self.state_ref = client.scatter([initial_state(variables, step)], hash=False, workers=self.worker_addresses)[0]
+        self.state_ref = client.scatter([initial_state(variables, step)], hash=False, workers=where, timeout=timeout)[0]
         self.sources = {}
         for name, value in self.data.items():
             if is_dask_array(value):
-                self.sources[name] = _Chunks(client, value)
+                self.sources[name] = _Chunks(client, value, where)
             else:
-                future = client.scatter(np.asarray(value), broadcast=True, hash=False, workers=self.worker_addresses)
+                future = client.scatter(np.asarray(value), broadcast=True, hash=False, workers=where, timeout=timeout)
                 self.sources[name] = _Whole(future)
         self.updates: dict[int, Any] = {}
         self.metrics: deque = deque()
         self.state_bytes = int(sum(np.asarray(v).nbytes for v in variables.values()))
-        self.worker_list = list(self.worker_addresses or sorted(client.scheduler_info().get("workers", {}))) or [None]
+        self.worker_list = list(where or self._workers_now()) or [None]
 
     def _batch(self, step: int) -> np.ndarray:
         # backup replicas get shards of their own: the step draws their rows too
@@ -183,14 +234,16 @@ class ParameterServer:
         tasks, keys = replica_tasks(self.program_ref, previous, data, index, shards_, weight, self.graph_name, step, self.token)
         # replica i prefers worker i (mod the count): the scheduler alone would put every
         # replica next to the variables, on one worker
-        replicas = []
+        # (once a worker is left out, the workers left, strictly: the scheduler would still pick it)
+        replicas, where = [], self._placement()
         for i, key in enumerate(keys["grads"]):
-            preferred = [self.worker_list[i % len(self.worker_list)]]
-            replicas += self.client.get({key: tasks[key]}, [key], sync=False, workers=preferred, allow_other_workers=True)
+            preferred = [self.worker_list[i % len(self.worker_list)]] if not self.excluded else list(where)
+            replicas += self.client.get({key: tasks[key]}, [key], sync=False, workers=preferred,
+                                        allow_other_workers=not self.excluded)  # fmt: skip
         if self.backups:
             replicas = self._first_to_finish(replicas)
         combine = combine_tasks(self.program_ref, previous, [TaskRef(f.key) for f in replicas], keys, self.token)
-        metrics, update = self.client.get(combine, [keys["metrics"], keys["update"]], sync=False, workers=self.worker_addresses)
+        metrics, update = self.client.get(combine, [keys["metrics"], keys["update"]], sync=False, workers=where)
         self.updates[step] = update
         self.metrics.append((step, metrics))
     def _first_to_finish(self, replicas: list) -> list:
@@ -204,7 +257,10 @@ class ParameterServer:
         order = {f.key: i for i, f in enumerate(replicas)}
         chosen, failed = [], 0
         while len(chosen) < self.replicas:
-            future = finished.get(timeout=self.step_timeout)
+            try:
+                future = finished.get(timeout=self.deadline.seconds)
+            except queue.Empty:
+                raise TimeoutError(f"no replica finished within {self.deadline.seconds:g} s") from None
             if future.status == "finished":
                 chosen.append(future)
             else:
@@ -227,16 +283,21 @@ class ParameterServer:
         return StepOutcome(step, dict(zip(self.labels, metrics["fetches"])), measured)
 
     def _sync(self, step: int) -> None:
-        update = self.updates.pop(step)
+        variables, state = self._fetch(self.updates.pop(step), step, whole=True)
+        self.host = ({**self.host[0], **variables}, step)
+        # the next steps start from this copy: the lineage ends here
+        where, timeout = self._placement(), self.deadline.seconds
+        self.state_ref = self.client.scatter([state], hash=False, workers=where, timeout=timeout)[0]
+        self.events.emit(Synced, step=step)
+
+    def _fetch(self, update, step: int, whole: bool = False):
+        """Step ``step``'s variables as host arrays (and the whole state with ``whole``)."""
         if self.program.device != "cpu":  # the worker copies the variables off its GPU
             key = (task_name(self.graph_name, "host", step), self.token)
             update = self.client.submit(host_state, update, key=key, pure=False)
-        state = update.result(timeout=self.step_timeout)
+        state = update.result(timeout=self.deadline.seconds)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}
-        self.host = ({**self.host[0], **variables}, step)
-        # the next steps start from this copy: the lineage ends here
-        self.state_ref = self.client.scatter([state], hash=False, workers=self.worker_addresses)[0]
-        self.events.emit(Synced, step=step)
+        return (variables, state) if whole else variables
 
     def _restart(self, instruction: Restart) -> None:
         # Drop the old attempt's futures: the scheduler forgets what nobody wants. (Cancelling
@@ -261,12 +322,12 @@ class _Whole:
 class _Chunks:
     """A dask array persisted on the cluster: each replica gets the chunks holding its rows."""
 
-    def __init__(self, client, array):
+    def __init__(self, client, array, workers=None):
         from distributed import Future
 
         if len(array.chunks) > 1 and any(len(c) > 1 for c in array.chunks[1:]):
             array = array.rechunk({i: -1 for i in range(1, array.ndim)})
-        array = client.persist(array)
+        array = client.persist(array, workers=workers)
         self.offsets = np.concatenate([[0], np.cumsum(array.chunks[0])])
         self.futures = [Future(d.key, client) for d in array.to_delayed().ravel()]
         self.array = array  # keeps the persisted chunks alive

@@ -26,8 +26,12 @@ class ClusterOptions:
         The worker addresses to use (default: all).
     backup_replicas : int
         Extra shard computations per step; the first ``replicas`` to finish are applied.
-    step_timeout : float
-        Seconds to wait for one step before counting it lost.
+    step_timeout : float, optional
+        Seconds without progress before the fit counts the steps in flight as lost: it
+        restarts from the last sync, without the workers that stopped answering (a
+        SIGSTOPped process, a stuck GPU). Default: from the measured step time (see
+        :class:`workbench.cluster.health.StepDeadline`): 10 s for steps of milliseconds,
+        ten times the slowest step for slow ones, 120 s for the first step (compilation).
     reason : str
         Why ``fit`` chose this strategy, when it chose one for a reason (shown in ``FitStarted``).
     """
@@ -38,13 +42,15 @@ class ClusterOptions:
     sync_every: int = 20
     workers: tuple | None = None
     backup_replicas: int = 0
-    step_timeout: float = 300.0
+    step_timeout: float | None = None
     reason: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "backup_replicas", int(self.backup_replicas))
         if self.backup_replicas < 0:
             raise ClusterError(f"backup_replicas must be 0 or more, got {self.backup_replicas}")
+        if self.step_timeout is not None and not self.step_timeout > 0:
+            raise ClusterError(f"step_timeout must be a positive number of seconds, got {self.step_timeout}")
         if self.replicas is not None and self.replicas < 1:
             raise ClusterError(f"replicas must be at least 1, got {self.replicas}")
 

@@ -31,7 +31,7 @@ import math
 import time
 from typing import Any, Callable
 
-from workbench.events import ROOT, EventStream, FitFinished, FitStarted, Step
+from workbench.events import ROOT, EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step
 
 TOPIC = "workbench-training"  # the scheduler event topic of the summaries
 
@@ -51,7 +51,7 @@ def training_update(event) -> dict[str, Any] | None:
         numbers = {"time": event.time, "samples_per_s": event.samples_per_s, **event.fetches}
         values = {k: float(v) for k, v in numbers.items() if _is_number(v)}
         return {"status": "running", "session": event.session, "step": int(event.step), "values": values}
-    if isinstance(event, FitFinished):
+    if isinstance(event, (FitFinished, FitInterrupted, FitFailed)):
         return {"status": "done", "session": event.session}
     return None
 

@@ -109,8 +109,9 @@ def training_svg(title: str, state: dict) -> str:
     steps, step = state.get("steps") or 0, state.get("step") or 0
     share = min(step / steps, 1.0) if steps else 0.0
     width = 812
-    head = f"{title} · {state.get('status') or 'waiting'}" + (f" · batch {state['batch_size']}" if state.get("batch_size") else "")
-    bar = "#cf222e" if state.get("status") == "failed" else "#2da44e"
+    outcome = state.get("outcome") or state.get("status") or "waiting"
+    head = f"{title} · {outcome}" + (f" · batch {state['batch_size']}" if state.get("batch_size") else "")
+    bar = {"failed": "#cf222e", "interrupted": "#bf8700"}.get(state.get("status"), "#2da44e")
     body = [
         element("text", head, x=8, y=16, font_weight="600", fill=INK),
         element("rect", x=8, y=26, width=width - 16, height=20, rx=4, fill="#f6f8fa", stroke=BORDER),

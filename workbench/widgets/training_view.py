@@ -10,7 +10,18 @@ from typing import Any
 import traitlets
 
 from workbench.widgets import snapshots
-from workbench.events import Event, FitFinished, FitStarted, Restarted, RunFailed, Step, Validated
+from workbench.events import (
+    Event,
+    FitFailed,
+    FitFinished,
+    FitInterrupted,
+    FitStarted,
+    Restarted,
+    RunFailed,
+    Step,
+    Validated,
+)
+from workbench.fitloop import request_stop
 from workbench.widgets._base import View, front_end
 
 
@@ -67,6 +78,8 @@ class TrainingModel:
         self.restarts = 0
         self.start = 0
         self.error = ""
+        self.stopped_at: int | None = None
+        self.stopping = False  # a stop was asked for; the fit ends after its current step
 
     @functools.singledispatchmethod
     def handle(self, event: Event, now: float) -> bool:
@@ -122,12 +135,37 @@ class TrainingModel:
         return True
 
     @handle.register
+    def _interrupted(self, event: FitInterrupted, now: float) -> bool:
+        self.status, self.stopped_at = "interrupted", int(event.step)
+        self._tick(now)
+        return True
+
+    @handle.register
+    def _fit_failed(self, event: FitFailed, now: float) -> bool:
+        if self.status not in ("running", "waiting"):
+            return False
+        self.status, self.error = "failed", event.error
+        self._tick(now)
+        return True
+
+    @handle.register
     def _failed(self, event: RunFailed, now: float) -> bool:
         if self.status != "running":
             return False
         self.status, self.error = "failed", f"{event.op or ''}: {event.error}"
         self._tick(now)
         return True
+
+    @property
+    def outcome(self) -> str:
+        """The run's state in words: "running", "done", "interrupted at step N", "failed: ..."."""
+        if self.status == "interrupted":
+            return f"interrupted at step {self.stopped_at}"
+        if self.status == "failed":
+            return f"failed: {self.error}"
+        if self.status == "running" and self.stopping:
+            return "stopping after this step"
+        return self.status
 
     def _tick(self, now: float) -> None:
         if self.started is not None:
@@ -172,6 +210,9 @@ class TrainingModel:
             "restarts": self.restarts,
             "start": self.start,
             "error": self.error,
+            "outcome": self.outcome,
+            "stopped_at": self.stopped_at,
+            "stopping": self.stopping,
         }
 
 
@@ -215,13 +256,48 @@ class TrainingView(View):
         super().__init__(title=title, **kwargs)
         self.model = TrainingModel(max_points)
         self.state = self.model.snapshot()
+        self.on_msg(self._on_front_end_message)
+        self._hear_clicks_while_busy()
 
     def handle(self, event: Event) -> bool:
         return self.model.handle(event, self.clock())
 
     @property
     def ended(self) -> bool:
-        return self.model.status in ("done", "failed")
+        return self.model.status in ("done", "failed", "interrupted")
+
+    def request_stop(self) -> bool:
+        """What the Stop button does: end the followed fit after its current step (thread-safe).
+
+        Returns whether a fit was asked to stop (False once the run has ended, or for a view
+        that follows no session's fit)."""
+        if self.ended or self._session is None or self.model.stopping:
+            return False
+        self.model.stopping = True
+        return request_stop(self._session)
+
+    def _on_front_end_message(self, widget, content, buffers) -> None:
+        if isinstance(content, dict) and content.get("event") == "stop":
+            self.request_stop()
+            self.throttle.request()
+
+    def _hear_clicks_while_busy(self) -> None:
+        # A fit blocks the kernel's main thread, where widget messages are handled. ipykernel 7
+        # reads them first on its shell-channel thread and asks each comm where to route them:
+        # a Stop click is seen there, while the cell runs (only a flag is set from that thread).
+        # On kernels without that thread the click takes effect once the cell is done.
+        comm = getattr(self, "comm", None)
+        route = getattr(comm, "_reply_subshell_for", None)
+        if route is None:
+            return
+
+        def peek(data, default):
+            content = data.get("content") if isinstance(data, dict) else None
+            if isinstance(content, dict) and content.get("event") == "stop":
+                self.request_stop()
+            return route(data, default)
+
+        comm._reply_subshell_for = peek
 
     def _sync(self) -> None:
         self.state = self.model.snapshot()

@@ -144,15 +144,25 @@ function render({ model, el: root }) {
   const workers = document.createElement("div");
   workers.className = "wb-workers";
   const ctl = controls(model, () => draw());
+  // Stop: the fit ends cleanly after its current step (TrainingView.request_stop in Python)
+  const stop = document.createElement("button");
+  stop.className = "wb-stop";
+  stop.textContent = "Stop";
+  stop.title = "end the fit after the current step, keeping that step's variables";
+  stop.addEventListener("click", () => { stop.disabled = true; model.send({ event: "stop" }); });
+  ctl.row.prepend(stop);
   root.append(title, bar, ctl.row, charts, workers);
 
   function draw() {
     const s = model.get("state") || {};
     const steps = s.steps || 0, step = s.step || 0;
     const frac = steps ? Math.min(step / steps, 1) : 0;
-    title.textContent = `${model.get("title")} · ${s.status || "waiting"}` + (s.batch_size ? ` · batch ${s.batch_size}` : "");
+    title.textContent = `${model.get("title")} · ${s.outcome || s.status || "waiting"}` + (s.batch_size ? ` · batch ${s.batch_size}` : "");
     fill.style.width = `${(100 * frac).toFixed(1)}%`;
     bar.classList.toggle("wb-failed", s.status === "failed");
+    bar.classList.toggle("wb-interrupted", s.status === "interrupted");
+    stop.hidden = s.status !== "running";
+    stop.disabled = !!s.stopping;
     let line = `step ${step} / ${steps} (${Math.round(100 * frac)}%) · ${duration(s.elapsed)} elapsed`;
     if (s.status === "running") line += ` · ETA ${duration(s.eta)}`;
     // The median over the run: one slow step (the first compiles its plan) does not move it.
