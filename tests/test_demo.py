@@ -51,4 +51,4 @@ def test_distributed_sections_train_on_a_local_cluster_and_print_the_scaling_tab
     out = capsys.readouterr().out
     assert "local Dask cluster: 2 worker processes" in out
     assert "largest difference from local training" in out
-    assert "| workers | samples/s | speedup | efficiency | s/step |" in out
+    assert "| workers | strategy | samples/s | speedup | efficiency | s/step |" in out

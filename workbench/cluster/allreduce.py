@@ -29,6 +29,7 @@ The interface is the step-engine one (``start``, ``run``, ``variables``, ``close
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 import uuid
@@ -264,8 +265,8 @@ class AllReduceEngine:
                     raise ClusterError(f"step {step} failed in {f.key[0]}: {type(error).__name__}: {error}") from error
                 if f.status == "cancelled":
                     raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")
-            if all(f.status == "finished" for f in futures):
-                results = [f.result() for f in futures]
+            if all(f.status == "finished" for f in futures):  # results come from the workers: bounded too
+                results = [f.result(timeout=max(1.0, deadline - time.monotonic())) for f in futures]
                 self.deadline.progressed(time.monotonic() - waited)
                 return results
             if time.monotonic() > deadline:
@@ -320,10 +321,12 @@ class AllReduceEngine:
         self._cancel()
         if self.group is not None:
             known = set(self.client.scheduler_info(n_workers=-1)["workers"])
-            members = [a for a in self.group.addresses if a in known]
-            if members:
-                self.client.run(stop_replicas, self.group.token, workers=members, on_error="return")
-            self.group.release(self.client)
+            members = [a for a in self.group.addresses if a in known and a not in self.left_out]
+            if members:  # bounded: a member that stopped answering must not hold the driver
+                with contextlib.suppress(TimeoutError, OSError):
+                    self.client.run(stop_replicas, self.group.token, workers=members, on_error="return",
+                                    callback_timeout=5)  # fmt: skip
+            self.group.release(self.client, skip=self.left_out)
             self.group = None
 
     def _outcome(self, step: int, results: list[dict]) -> StepOutcome:

@@ -24,6 +24,8 @@ its unique id made on rank 0 and handed out in the group (see :mod:`workbench.cl
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import uuid
 from dataclasses import dataclass
@@ -92,12 +94,14 @@ class CollectiveGroup:
     def size(self) -> int:
         return len(self.addresses)
 
-    def release(self, client) -> None:
-        """Forget the group on its workers that are still there (dropping messages in flight)."""
+    def release(self, client, skip=()) -> None:
+        """Forget the group on its workers that are still there (dropping messages in flight);
+        ``skip``: members known to have stopped answering. Bounded whatever the members do."""
         alive = set(client.scheduler_info(n_workers=-1)["workers"])
-        members = [a for a in self.addresses if a in alive]
+        members = [a for a in self.addresses if a in alive and a not in skip]
         if members:
-            client.run(_release, self.token, workers=members, on_error="ignore")
+            with contextlib.suppress(TimeoutError, OSError):
+                client.run(_release, self.token, workers=members, on_error="ignore", callback_timeout=5)
 
 
 def _release(token: str, dask_worker=None) -> None:
