@@ -300,6 +300,9 @@ class FitLoop:
         settle = getattr(engine, "settle", None)
         self.final, at = settle(self.step) if settle is not None else engine.variables()
         self.stopped_at = at
+        if at < self.step:  # the engine kept an earlier step (its last host copy): the history ends there too
+            self.history.records[:] = [r for r in self.history.records if r["step"] <= at]
+            self.step = at
         self.events.emit(FitInterrupted, step=at, steps=self.request.steps, reason=reason)
 
     def _record(self, outcome: StepOutcome, seconds: float, engine: StepEngine) -> None:

@@ -213,8 +213,11 @@ class AllReduceEngine:
     def _members(self, candidates: list[str]) -> list[str]:
         count = len(candidates) if self.max_replicas is None else min(self.max_replicas, len(candidates))
         if count < 1:
-            silent = f"; left out for not answering: {', '.join(sorted(self.left_out))}" if self.left_out else ""
-            raise ClusterError(f"no workers left to train on (asked for {list(self.addresses or []) or 'any'}){silent}")
+            if self.left_out:
+                named = ", ".join(sorted(self.left_out))
+                raise ClusterError(f"no progress for {self.deadline.seconds:g} s and no worker is left: {named} "
+                                   "stopped answering (stopped or hung processes); restart them, or add workers")  # fmt: skip
+            raise ClusterError(f"no workers left to train on (asked for {list(self.addresses or []) or 'any'})")
         return candidates[:count]
 
     def _launch(self, members: list[str]) -> None:
@@ -298,7 +301,11 @@ class AllReduceEngine:
         self._drop()
         if self.events is not None:
             self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
-        self._launch(self._members(self._candidates()))
+        try:
+            members = self._members(self._candidates())
+        except ClusterError as e:
+            raise e from error  # none left: say what made the fit give up on them
+        self._launch(members)
 
     def _wait_for_departures(self, seconds: float = 5.0) -> None:
         """Give the scheduler a moment to notice a dead member (its nanny reports it at once),
