@@ -48,7 +48,9 @@ def write(path: str | os.PathLike, arrays: dict, step: int | None = None, privat
     path = check_path(path)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise FileError(errno.EISDIR, f"cannot write a checkpoint to {path!r}: it is a directory; give a file name", path)
+        raise FileError(
+            errno.EISDIR, f"cannot write a checkpoint to {path!r}: it is a directory; give a file name", path
+        )
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".tmp-{_HOST}-{os.getpid()}-", suffix=".npz", dir=directory)
     except OSError as e:
@@ -208,7 +210,9 @@ def save_step(directory: str | os.PathLike, variables: dict, step: int, keep: in
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as e:
-        raise FileError(e.errno, f"cannot create checkpoint directory {directory!r}: {e.strerror or e}", directory) from e
+        raise FileError(
+            e.errno, f"cannot create checkpoint directory {directory!r}: {e.strerror or e}", directory
+        ) from e
     clean_temporaries(directory)
     path = write(os.path.join(directory, f"step-{step:08d}.npz"), variables, step=step)
     for old in _step_files(directory)[:-keep]:
@@ -216,7 +220,9 @@ def save_step(directory: str | os.PathLike, variables: dict, step: int, keep: in
     return path
 
 
-def latest(directory: str | os.PathLike | None, expected: dict | None = None) -> tuple[dict[str, np.ndarray], int] | None:
+def latest(
+    directory: str | os.PathLike | None, expected: dict | None = None
+) -> tuple[dict[str, np.ndarray], int] | None:
     """The newest readable checkpoint of ``directory`` as (variables, step), or None.
 
     ``expected`` is as for :func:`read`.

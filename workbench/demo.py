@@ -42,9 +42,7 @@ def load_digits(seed: int = 0, test_fraction: float = 0.25) -> Digits:
     bunch = sklearn_digits()
     x = (bunch.data / 16.0).astype("float32")
     y = bunch.target.astype("int64")
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y
-    )
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
     return Digits(x_train, y_train, x_test, y_test)
 
 
@@ -109,9 +107,7 @@ def train_and_evaluate(
         replicas=replicas,
     )
     train_seconds = time.perf_counter() - started
-    logits, test_loss = sess.run(
-        [model["logits"], model["loss"]], feed_dict={"x": data.x_test, "y": data.y_test}
-    )
+    logits, test_loss = sess.run([model["logits"], model["loss"]], feed_dict={"x": data.x_test, "y": data.y_test})
     accuracy = float(np.mean(np.argmax(logits, axis=1) == data.y_test))
     losses = history["loss"]
     return {
@@ -168,10 +164,15 @@ def scaling_section(data: Digits, args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(args.seed)
     rows = rng.integers(0, len(data.x_train), size=2 * args.scaling_batch)  # resampled: enough rows for big batches
     study = wb.scaling_study(
-        model["graph"], model["train"], {"x": data.x_train[rows], "y": data.y_train[rows]},
-        batch_size=args.scaling_batch, steps=args.scaling_steps,
-        workers=range(1, args.workers + 1), cluster=client, seed=args.seed,
-    )  # fmt: skip
+        model["graph"],
+        model["train"],
+        {"x": data.x_train[rows], "y": data.y_train[rows]},
+        batch_size=args.scaling_batch,
+        steps=args.scaling_steps,
+        workers=range(1, args.workers + 1),
+        cluster=client,
+        seed=args.seed,
+    )
     return {"section": "scaling", "study": study, "rows": study.rows}
 
 
@@ -196,7 +197,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64, help="examples per step (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the split, initial values and batches")
     parser.add_argument("--workers", type=int, default=2, help="workers of the local Dask cluster (default 2)")
-    parser.add_argument("--scaling-batch", type=int, default=65536, help="global batch of the scaling study (default 65536: compute-bound)")
+    parser.add_argument(
+        "--scaling-batch",
+        type=int,
+        default=65536,
+        help="global batch of the scaling study (default 65536: compute-bound)",
+    )
     parser.add_argument("--scaling-steps", type=int, default=6, help="measured steps per worker count (default 6)")
     parser.add_argument(
         "--sections",
@@ -217,7 +223,9 @@ def report(result: dict) -> str:
     if result["section"] == "scaling":
         return f"scaling study (global batch fixed, workers of the local cluster):\n{result['study'].table()}"
     if result["section"] == "distributed":
-        extra = f"; {result['replicas']} replicas, largest difference from local training {result['max_difference']:.1e}"
+        extra = (
+            f"; {result['replicas']} replicas, largest difference from local training {result['max_difference']:.1e}"
+        )
     else:
         extra = ""
     return (
@@ -234,8 +242,7 @@ def main(argv=None) -> list[dict]:
     started = time.perf_counter()
     data = load_digits(seed=args.seed)
     print(
-        f"digits: {len(data.x_train)} training and {len(data.x_test)} test images (8x8), "
-        f"seed {args.seed}",
+        f"digits: {len(data.x_train)} training and {len(data.x_test)} test images (8x8), seed {args.seed}",
         flush=True,
     )
     results = []

@@ -165,7 +165,13 @@ class Step(Event):
 
     def record(self) -> dict[str, Any]:
         """The flat record :class:`workbench.History` keeps for this step."""
-        return {"step": self.step, "time": self.time, "samples_per_s": self.samples_per_s, **self.fetches, **self.metrics}
+        return {
+            "step": self.step,
+            "time": self.time,
+            "samples_per_s": self.samples_per_s,
+            **self.fetches,
+            **self.metrics,
+        }
 
     def __getitem__(self, key: str) -> Any:
         if key == "kind" or key in self._field_names():
@@ -307,9 +313,25 @@ class GraphCapture(Event):
 #: Every event class by its ``kind``.
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (PlanCompiled, RunStarted, RunFinished, RunFailed, FitStarted, Step, Validated, Synced, Restarted,
-                FitFinished, FitInterrupted, FitFailed, NodeState, ScalingStarted, ScalingPoint, ScalingFinished,
-                GraphCapture)
+    for cls in (
+        PlanCompiled,
+        RunStarted,
+        RunFinished,
+        RunFailed,
+        FitStarted,
+        Step,
+        Validated,
+        Synced,
+        Restarted,
+        FitFinished,
+        FitInterrupted,
+        FitFailed,
+        NodeState,
+        ScalingStarted,
+        ScalingPoint,
+        ScalingFinished,
+        GraphCapture,
+    )
 }
 Listener = Callable[[Event], None]
 

@@ -378,8 +378,12 @@ class LocalSteps:
                 elapsed = time.perf_counter() - started
                 self.step = step
                 fetched, stats = values[1 : len(names)], values[len(names) :]
-                yield StepOutcome(step, dict(zip(labels, map(_scalar, fetched))), seconds=elapsed,
-                                  stats=dict(zip(req.stats, map(_scalar, stats))))  # fmt: skip
+                yield StepOutcome(
+                    step,
+                    dict(zip(labels, map(_scalar, fetched))),
+                    seconds=elapsed,
+                    stats=dict(zip(req.stats, map(_scalar, stats))),
+                )
             if pending():
                 raise KeyboardInterrupt
 

@@ -57,8 +57,14 @@ class LossScale:
         The scale never drops below this.
     """
 
-    def __init__(self, initial: float = 2.0**15, dynamic: bool = True, growth_interval: int = 2000,
-                 factor: float = 2.0, minimum: float = 1.0):  # fmt: skip
+    def __init__(
+        self,
+        initial: float = 2.0**15,
+        dynamic: bool = True,
+        growth_interval: int = 2000,
+        factor: float = 2.0,
+        minimum: float = 1.0,
+    ):
         if not initial > 0 or not factor > 1 or not minimum > 0 or int(growth_interval) < 1:
             raise GraphError(
                 f"loss scale needs initial > 0, factor > 1, minimum > 0 and growth_interval >= 1; got initial={initial}, "
@@ -114,7 +120,10 @@ class ScaleState:
         grow = ops.greater_equal(good, c.growth_interval)
         kept = ops.where(grow, self.scale * c.factor, self.scale)
         cut = ops.maximum(self.scale / c.factor, c.minimum)
-        return [ops.assign(self.scale, ops.where(finite, kept, cut)), ops.assign(self.good_steps, ops.where(grow, 0, good))]
+        return [
+            ops.assign(self.scale, ops.where(finite, kept, cut)),
+            ops.assign(self.good_steps, ops.where(grow, 0, good)),
+        ]
 
 
 def all_finite(tensors) -> Tensor:

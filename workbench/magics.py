@@ -35,11 +35,18 @@ def flow_namespace() -> dict[str, Any]:
     """What a ``%%flow`` cell sees besides the user's names: ops, optimizers, initializers, errors."""
     names = {name: getattr(workbench, name) for name in PUBLIC}
     names.update(
-        wb=workbench, optimizers=workbench.optimizers, metrics=workbench.metrics, accuracy=workbench.accuracy,
-        name_scope=workbench.name_scope, group=workbench.group,
-        gradients=workbench.gradients, initializers=INITIALIZERS,
-        SGD=workbench.optimizers.SGD, Momentum=workbench.optimizers.Momentum, Adam=workbench.optimizers.Adam,
-    )  # fmt: skip
+        wb=workbench,
+        optimizers=workbench.optimizers,
+        metrics=workbench.metrics,
+        accuracy=workbench.accuracy,
+        name_scope=workbench.name_scope,
+        group=workbench.group,
+        gradients=workbench.gradients,
+        initializers=INITIALIZERS,
+        SGD=workbench.optimizers.SGD,
+        Momentum=workbench.optimizers.Momentum,
+        Adam=workbench.optimizers.Adam,
+    )
     return names
 
 
@@ -123,14 +130,22 @@ class FlowMagics(Magics):
             raise
 
     @magic_arguments()
-    @argument("target", nargs="?", default=None,
-              help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), 'gateway', "
-                   "'close' to let the default go, or nothing for the configured default "
-                   "(workbench.cluster.address; the current default when one is set)")  # fmt: skip
+    @argument(
+        "target",
+        nargs="?",
+        default=None,
+        help="'local' for a cluster on this machine, a scheduler address (tcp://host:8786), 'gateway', "
+        "'close' to let the default go, or nothing for the configured default "
+        "(workbench.cluster.address; the current default when one is set)",
+    )
     @argument("-n", "--workers", type=int, default=None, help="workers of a local cluster")
-    @argument("-s", "--security", default=None,
-              help="the name of a distributed.Security in the notebook (certificates for tls:// addresses; "
-                   "default: Dask's distributed.comm.tls.* configuration)")  # fmt: skip
+    @argument(
+        "-s",
+        "--security",
+        default=None,
+        help="the name of a distributed.Security in the notebook (certificates for tls:// addresses; "
+        "default: Dask's distributed.comm.tls.* configuration)",
+    )
     @line_magic
     def flow_cluster(self, line: str):
         """Set (or show, or close) the Dask cluster that new sessions use by default.
@@ -155,7 +170,9 @@ class FlowMagics(Magics):
             client = wb_cluster.default_client()
             if client is not None:
                 return _cluster_view(client)
-        target = args.target or ("local" if args.workers is not None else dask.config.get("workbench.cluster.address", "local"))
+        target = args.target or (
+            "local" if args.workers is not None else dask.config.get("workbench.cluster.address", "local")
+        )
         if target not in ("local", "gateway") and "://" not in target:
             origin = "" if args.target else " (from workbench.cluster.address)"
             raise UsageError(

@@ -37,7 +37,9 @@ class Optimizer:
         Scale all gradients together so that their global norm is at most this.
     """
 
-    def __init__(self, learning_rate, weight_decay: float = 0.0, clip_norm: float | None = None, name: str | None = None):
+    def __init__(
+        self, learning_rate, weight_decay: float = 0.0, clip_norm: float | None = None, name: str | None = None
+    ):
         if not isinstance(learning_rate, Tensor) and float(learning_rate) <= 0:
             raise GraphError(f"learning_rate must be positive, got {learning_rate}")
         if clip_norm is not None and clip_norm <= 0:
@@ -199,8 +201,8 @@ def _unused_scope(graph, base: str) -> str:
     """``base``, ``base_1`` ...: the first name scope (inside the current ones) no op uses yet,
     so that a second optimizer never collides with the first one's variables."""
     prefix = "/".join(graph._scopes + [""])
-    used = {op.name[len(prefix):].split("/")[0] for op in graph.operations if op.name.startswith(prefix)}
-    used.update(a[len(prefix):].split("/")[0] for a in graph.aliases if a.startswith(prefix))
+    used = {op.name[len(prefix) :].split("/")[0] for op in graph.operations if op.name.startswith(prefix)}
+    used.update(a[len(prefix) :].split("/")[0] for a in graph.aliases if a.startswith(prefix))
     scope, i = base, 0
     while scope in used:
         i += 1

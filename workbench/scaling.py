@@ -67,8 +67,10 @@ class ScalingStudy:
 
 
 def _line(r: dict, strategy: str, mark: str) -> str:
-    return (f"| {r['workers']}{mark} | {strategy} | {r['samples_per_s']:,.0f} | {r['speedup']:.2f}x | "
-            f"{r['efficiency']:.0%} | {r['step_seconds']:.4f} |")  # fmt: skip
+    return (
+        f"| {r['workers']}{mark} | {strategy} | {r['samples_per_s']:,.0f} | {r['speedup']:.2f}x | "
+        f"{r['efficiency']:.0%} | {r['step_seconds']:.4f} |"
+    )
 
 
 def scaling_study(
@@ -121,7 +123,11 @@ def scaling_study(
     targets = _targets(predict)
     assumed = _assumptions(assumptions)
     owned = cluster is None and default_client() is None
-    client = connect(cluster, n_workers=max(counts)) if owned else connect(cluster if cluster is not None else default_client())
+    client = (
+        connect(cluster, n_workers=max(counts))
+        if owned
+        else connect(cluster if cluster is not None else default_client())
+    )
     try:
         available = sorted(client.scheduler_info().get("workers", {}))
         if max(counts) > len(available):
@@ -152,12 +158,19 @@ def scaling_study(
             ROOT.emit(ScalingPoint(**ids, **row))
         if targets:
             compute = _small_shard(sess, train, data, batch_size, counts[0], max(targets), available, strategy)
-            study.profile = measure_profile(client, available, measured, batch_size, name, model_bytes, assumed,
-                                            compute=compute)  # fmt: skip
+            study.profile = measure_profile(
+                client, available, measured, batch_size, name, model_bytes, assumed, compute=compute
+            )
             study.predictions = model.predict(study.profile, sorted({1, *counts, *targets}), assumptions=assumed)
             study.assumptions = assumed.describe(study.profile)
-        ROOT.emit(ScalingFinished(**ids, rows=tuple(study.rows), predictions=tuple(study.predictions),
-                                  assumptions=tuple(study.assumptions)))  # fmt: skip
+        ROOT.emit(
+            ScalingFinished(
+                **ids,
+                rows=tuple(study.rows),
+                predictions=tuple(study.predictions),
+                assumptions=tuple(study.assumptions),
+            )
+        )
         return study
     finally:
         if owned:
@@ -170,8 +183,16 @@ def _small_shard(sess, train, data, batch_size: int, workers: int, target: int, 
     rows = math.ceil(batch_size / target)
     if rows >= math.ceil(batch_size / workers):
         return []
-    history = sess.fit(train, data, batch_size=rows * workers, steps=8, replicas=workers, workers=available[:workers],
-                       sync_every=8, strategy=strategy)  # fmt: skip
+    history = sess.fit(
+        train,
+        data,
+        batch_size=rows * workers,
+        steps=8,
+        replicas=workers,
+        workers=available[:workers],
+        sync_every=8,
+        strategy=strategy,
+    )
     seconds = _median(history.records[3:], "compute_seconds")
     return [] if seconds is None else [(rows, seconds)]
 
@@ -213,8 +234,16 @@ def _median(records: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def measure_profile(client, workers, measured: dict, batch_size: int, strategy: str, model_bytes: int,
-                    assumptions: model.Assumptions = model.Assumptions(), compute=()) -> model.Profile:  # fmt: skip
+def measure_profile(
+    client,
+    workers,
+    measured: dict,
+    batch_size: int,
+    strategy: str,
+    model_bytes: int,
+    assumptions: model.Assumptions = model.Assumptions(),
+    compute=(),
+) -> model.Profile:
     """The profile of a study: compute and update from its step records (``measured``: worker
     count to records), the link, a scheduler hop and the sum rate timed on ``workers``.
 
@@ -225,8 +254,11 @@ def measure_profile(client, workers, measured: dict, batch_size: int, strategy: 
     """
     workers = list(workers)
     first = min(measured)
-    points = [(rows, c) for rows, c in [(math.ceil(batch_size / first), _median(measured[first], "compute_seconds")),
-                                        *compute] if c is not None]  # fmt: skip
+    points = [
+        (rows, c)
+        for rows, c in [(math.ceil(batch_size / first), _median(measured[first], "compute_seconds")), *compute]
+        if c is not None
+    ]
     fixed, per_sample = probe.fit_line(*zip(*points)) if points else (0.0, 0.0)
     step = statistics.fmean(r["time"] for r in measured[first])
     update = _median(measured[first], "update_seconds") or 0.0
@@ -236,15 +268,23 @@ def measure_profile(client, workers, measured: dict, batch_size: int, strategy: 
     if len(workers) >= 2:
         link = probe.measure_link(client, workers[:2])
     elif assumptions.link == "measured" and assumptions.bandwidth is None:
-        raise ClusterError("predicting with the measured link needs a cluster of two workers or more; this one has "
-                           "one: name a link, e.g. assumptions='10gbe'")  # fmt: skip
+        raise ClusterError(
+            "predicting with the measured link needs a cluster of two workers or more; this one has "
+            "one: name a link, e.g. assumptions='10gbe'"
+        )
     profile = model.Profile(
-        model_bytes=model_bytes, batch_size=batch_size, compute_per_sample=per_sample, compute_fixed=fixed,
-        update_seconds=update, latency=link["latency"], bandwidth=link["bandwidth"],
-        hop=probe.measure_hop(client, workers[0]), task_seconds=probe.measure_task_seconds(client, workers[0]),
+        model_bytes=model_bytes,
+        batch_size=batch_size,
+        compute_per_sample=per_sample,
+        compute_fixed=fixed,
+        update_seconds=update,
+        latency=link["latency"],
+        bandwidth=link["bandwidth"],
+        hop=probe.measure_hop(client, workers[0]),
+        task_seconds=probe.measure_task_seconds(client, workers[0]),
         sum_rate=probe.measure_sum_rate(client, workers[0]),
         source=f"measured with {strategy!r} at {', '.join(map(str, sorted(measured)))} workers",
-    )  # fmt: skip
+    )
     return _calibrated(profile, strategy if strategy in model.STRATEGIES else "allreduce", first, step)
 
 

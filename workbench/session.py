@@ -64,8 +64,15 @@ class Session:
     [[11.0]]
     """
 
-    def __init__(self, graph: Graph | None = None, seed: int = 0, cluster=None, device: str = "cpu", security=None,
-                 **device_options):  # fmt: skip
+    def __init__(
+        self,
+        graph: Graph | None = None,
+        seed: int = 0,
+        cluster=None,
+        device: str = "cpu",
+        security=None,
+        **device_options,
+    ):
         self.graph = graph if graph is not None else get_default_graph()
         if not isinstance(self.graph, Graph):
             raise GraphError(f"Session needs a workbench Graph, got {type(self.graph).__name__}")
@@ -191,7 +198,9 @@ class Session:
             raise GraphError("a run with dask-array feeds cannot update variables; fetch tensors only")
         self._ensure_initialized(variables)
         values = {n: np.asarray(self.device.to_host(self._state[n])) for n in variables}
-        return run_sharded(graph, fetched, feeds, values, seed=self.seed, device=(self.device.kind, self.device.options))
+        return run_sharded(
+            graph, fetched, feeds, values, seed=self.seed, device=(self.device.kind, self.device.options)
+        )
 
     def _plan(self, names: list[str], feeds: dict) -> Plan:
         key = PlanKey.of(self.graph, names, feeds, self.device)
@@ -249,7 +258,11 @@ class Session:
         if value.__class__ is not np.ndarray and self.device.holds(value):
             stand_in = np.lib.stride_tricks.as_strided(np.zeros((), value.dtype), value.shape, (0,) * value.ndim)
             checked = self._feed_value(ph, stand_in, any_length)
-            return value if checked.dtype == value.dtype else cast_exactly(value, checked.dtype.name, f"placeholder {ph.name!r}")
+            return (
+                value
+                if checked.dtype == value.dtype
+                else cast_exactly(value, checked.dtype.name, f"placeholder {ph.name!r}")
+            )
         array = np.asarray(value)
         if array.dtype != ph.dtype:  # not dtype.name: that is a Python property costing ~1.5 us a feed
             if array.dtype == object or not np.can_cast(array.dtype, ph.dtype, "same_kind"):
@@ -260,7 +273,9 @@ class Session:
             expected += ph.shape[1:]
             if array.ndim != len(expected) or not all(d is None or d == s for d, s in zip(expected, array.shape)):
                 what = "data of shape" if any_length else "shape"
-                raise FeedError(f"placeholder {ph.name!r} expects shape {_fmt(ph.shape)}, got {what} {_fmt(array.shape)}")
+                raise FeedError(
+                    f"placeholder {ph.name!r} expects shape {_fmt(ph.shape)}, got {what} {_fmt(array.shape)}"
+                )
         return array
 
     # -- training ----------------------------------------------------------------------
@@ -384,8 +399,10 @@ class Session:
     def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
         if stats is not None and self.client is not None:
-            raise ClusterError("fit(stats=...) is computed by local training only; on a cluster, Step.metrics "
-                               "time each phase (compute, reduce, update)")
+            raise ClusterError(
+                "fit(stats=...) is computed by local training only; on a cluster, Step.metrics "
+                "time each phase (compute, reduce, update)"
+            )
         arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:
@@ -417,7 +434,9 @@ class Session:
         arrays = {}
         for key, value in data.items():
             ph = self._placeholder(key)
-            arrays[ph.name] = value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
+            arrays[ph.name] = (
+                value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
+            )
         return arrays
 
     def close(self) -> None:

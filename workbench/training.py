@@ -37,8 +37,14 @@ def batch_indices(num_examples: int, batch_size: int, steps: int, seed, start: i
 def check_fit_arguments(batch_size, steps=None, epochs=None, checkpoint_every=None, replicas=None, stats=None) -> None:
     """ArgumentError naming the first of ``fit``'s counts that is not a positive integer
     (None stands for a default and is accepted, except for ``batch_size``)."""
-    counts = {"batch_size": batch_size, "steps": steps, "epochs": epochs,
-              "checkpoint_every": checkpoint_every, "replicas": replicas, "stats": stats}  # fmt: skip
+    counts = {
+        "batch_size": batch_size,
+        "steps": steps,
+        "epochs": epochs,
+        "checkpoint_every": checkpoint_every,
+        "replicas": replicas,
+        "stats": stats,
+    }
     for name, value in counts.items():
         if value is None and name != "batch_size":
             continue
@@ -47,7 +53,9 @@ def check_fit_arguments(batch_size, steps=None, epochs=None, checkpoint_every=No
         try:
             count = operator.index(value)
         except TypeError:
-            raise ArgumentError(f"fit() {name} must be a positive integer, got {value!r} ({type(value).__name__})") from None
+            raise ArgumentError(
+                f"fit() {name} must be a positive integer, got {value!r} ({type(value).__name__})"
+            ) from None
         if count < 1:
             raise ArgumentError(f"fit() {name} must be a positive integer, got {count}")
 
@@ -67,9 +75,22 @@ def check_data(data: dict) -> int:
     return next(iter(lengths.values()))
 
 
-_NOT_METRICS = {"step", "time", "samples_per_s", "replicas", "workers", "dropped",
-                "compute_seconds", "reduce_seconds", "update_seconds", "bytes_moved",
-                "bytes_received", "bytes_sent", "restarts", "tasks"}
+_NOT_METRICS = {
+    "step",
+    "time",
+    "samples_per_s",
+    "replicas",
+    "workers",
+    "dropped",
+    "compute_seconds",
+    "reduce_seconds",
+    "update_seconds",
+    "bytes_moved",
+    "bytes_received",
+    "bytes_sent",
+    "restarts",
+    "tasks",
+}
 
 
 def _scalar(value):

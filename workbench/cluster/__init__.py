@@ -10,6 +10,17 @@ from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram
 
 __all__ = [
-    "ClusterOptions", "Lowered", "STRATEGIES", "TrainingProgram", "close", "close_default", "connect", "default_client",
-    "info", "local_cluster", "lower", "register_strategy", "set_default",
+    "ClusterOptions",
+    "Lowered",
+    "STRATEGIES",
+    "TrainingProgram",
+    "close",
+    "close_default",
+    "connect",
+    "default_client",
+    "info",
+    "local_cluster",
+    "lower",
+    "register_strategy",
+    "set_default",
 ]

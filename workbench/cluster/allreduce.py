@@ -54,7 +54,14 @@ def _restartable() -> tuple:
     from distributed import KilledWorker
     from distributed.client import FutureCancelledError
 
-    return (CollectiveError, KilledWorker, FutureCancelledError, concurrent.futures.CancelledError, OSError, TimeoutError)
+    return (
+        CollectiveError,
+        KilledWorker,
+        FutureCancelledError,
+        concurrent.futures.CancelledError,
+        OSError,
+        TimeoutError,
+    )
 
 
 class AllReduceEngine:
@@ -102,23 +109,43 @@ class AllReduceEngine:
 
     strategy = "allreduce"
 
-    def __init__(self, client, program: TrainingProgram, data: dict, batch_size: int, batch_seed, *, workers=None,
-                 replicas: int | None = None, window: int = 4, timeout: float = 60.0, step_timeout: float | None = None,
-                 bucket_bytes: int = 4 << 20, algorithm: str = "auto", max_restarts: int = 5,
-                 name: str = "train", labels=None, sync_every: int | None = None, events=None,
-                 reason: str = ""):  # fmt: skip
+    def __init__(
+        self,
+        client,
+        program: TrainingProgram,
+        data: dict,
+        batch_size: int,
+        batch_seed,
+        *,
+        workers=None,
+        replicas: int | None = None,
+        window: int = 4,
+        timeout: float = 60.0,
+        step_timeout: float | None = None,
+        bucket_bytes: int = 4 << 20,
+        algorithm: str = "auto",
+        max_restarts: int = 5,
+        name: str = "train",
+        labels=None,
+        sync_every: int | None = None,
+        events=None,
+        reason: str = "",
+    ):
         missing = set(program.feeds) - set(data)
         if missing:
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
         if window < 1:
             raise ClusterError(f"window must be at least 1, got {window}")
         if program.device != "cpu":
-            raise ClusterError(f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
-                               "use strategy='parameter_server'")  # fmt: skip
+            raise ClusterError(
+                f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
+                "use strategy='parameter_server'"
+            )
         chunked = sorted(n for n in program.feeds if is_dask_array(data[n]))
         if chunked:
-            raise ClusterError(f"the all-reduce strategy takes NumPy data; {chunked} are dask arrays "
-                               "(use strategy='parameter_server')")  # fmt: skip
+            raise ClusterError(
+                f"the all-reduce strategy takes NumPy data; {chunked} are dask arrays (use strategy='parameter_server')"
+            )
         self.client, self.program, self.batch_size, self.batch_seed = client, program, batch_size, batch_seed
         self.data = {n: np.asarray(data[n]) for n in program.feeds}
         self.num_examples = check_data(self.data)
@@ -148,15 +175,30 @@ class AllReduceEngine:
         """The engine of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest` and its
         :class:`~workbench.cluster.options.ClusterOptions`): the ``allreduce`` strategy's factory."""
         program = TrainingProgram.from_graph(
-            request.graph, request.train, list(request.fetches.values()), seed=request.seed,
-            device=request.device.kind, device_options=request.device.options,
-        )  # fmt: skip
+            request.graph,
+            request.train,
+            list(request.fetches.values()),
+            seed=request.seed,
+            device=request.device.kind,
+            device_options=request.device.options,
+        )
         return cls(
-            client, program, request.data, request.batch_size, request.batch_seed, workers=options.workers,
-            replicas=options.replicas, window=options.window, timeout=min(60.0, options.step_timeout or 60.0),
-            step_timeout=options.step_timeout, name=request.graph.name, labels=list(request.fetches),
-            sync_every=options.sync_every, events=events, reason=options.reason,
-        )  # fmt: skip
+            client,
+            program,
+            request.data,
+            request.batch_size,
+            request.batch_seed,
+            workers=options.workers,
+            replicas=options.replicas,
+            window=options.window,
+            timeout=min(60.0, options.step_timeout or 60.0),
+            step_timeout=options.step_timeout,
+            name=request.graph.name,
+            labels=list(request.fetches),
+            sync_every=options.sync_every,
+            events=events,
+            reason=options.reason,
+        )
 
     # -- the step-engine interface ----------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
@@ -215,8 +257,10 @@ class AllReduceEngine:
         if count < 1:
             if self.left_out:
                 named = ", ".join(sorted(self.left_out))
-                raise ClusterError(f"no progress for {self.deadline.seconds:g} s and no worker is left: {named} "
-                                   "stopped answering (stopped or hung processes); restart them, or add workers")  # fmt: skip
+                raise ClusterError(
+                    f"no progress for {self.deadline.seconds:g} s and no worker is left: {named} "
+                    "stopped answering (stopped or hung processes); restart them, or add workers"
+                )
             raise ClusterError(f"no workers left to train on (asked for {list(self.addresses or []) or 'any'})")
         return candidates[:count]
 
@@ -224,20 +268,34 @@ class AllReduceEngine:
         client = self.client
         variables, step = self.host
         self.generation += 1
-        self.group = CollectiveGroup.create(client, members, run=self.run_id, generation=self.generation,
-                                            timeout=self.timeout, algorithm=self.algorithm)  # fmt: skip
+        self.group = CollectiveGroup.create(
+            client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
+        )
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
         program, state, *data = client.scatter(
-            [self.program, variables, *(self.data[n] for n in self.program.feeds)], broadcast=True, hash=False,
+            [self.program, variables, *(self.data[n] for n in self.program.feeds)],
+            broadcast=True,
+            hash=False,
             workers=members,
-        )  # fmt: skip
+        )
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = [
-            client.submit(start_replica, program, state, step, self.group, self.bucket_bytes, *data,
-                          key=allreduce_key(self.name, "start", i, token), workers=[w], allow_other_workers=False,
-                          priority=1 << 30, pure=False)  # fmt: skip
+            client.submit(
+                start_replica,
+                program,
+                state,
+                step,
+                self.group,
+                self.bucket_bytes,
+                *data,
+                key=allreduce_key(self.name, "start", i, token),
+                workers=[w],
+                allow_other_workers=False,
+                priority=1 << 30,
+                pure=False,
+            )
             for i, w in enumerate(members)
         ]
 
@@ -246,8 +304,11 @@ class AllReduceEngine:
         group, futures = self.group, []
         calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
         for (key, args), worker in zip(calls, group.addresses):
-            futures.append(self.client.submit(run_step, *args, key=key, workers=[worker], allow_other_workers=False,
-                                              priority=-step, pure=False))  # fmt: skip
+            futures.append(
+                self.client.submit(
+                    run_step, *args, key=key, workers=[worker], allow_other_workers=False, priority=-step, pure=False
+                )
+            )
         self.flight.append((step, futures))
 
     # -- results and failures ---------------------------------------------------------------------
@@ -331,8 +392,9 @@ class AllReduceEngine:
             members = [a for a in self.group.addresses if a in known and a not in self.left_out]
             if members:  # bounded: a member that stopped answering must not hold the driver
                 with contextlib.suppress(TimeoutError, OSError):
-                    self.client.run(stop_replicas, self.group.token, workers=members, on_error="return",
-                                    callback_timeout=5)  # fmt: skip
+                    self.client.run(
+                        stop_replicas, self.group.token, workers=members, on_error="return", callback_timeout=5
+                    )
             self.group.release(self.client, skip=self.left_out)
             self.group = None
 

@@ -68,8 +68,17 @@ class CollectiveGroup:
     nccl_id: tuple = ()
 
     @classmethod
-    def create(cls, client, workers=None, *, run: str | None = None, generation: int = 0, timeout: float = 60.0,
-               algorithm: str = "auto", backend: str = "dask") -> CollectiveGroup:  # fmt: skip
+    def create(
+        cls,
+        client,
+        workers=None,
+        *,
+        run: str | None = None,
+        generation: int = 0,
+        timeout: float = 60.0,
+        algorithm: str = "auto",
+        backend: str = "dask",
+    ) -> CollectiveGroup:
         """A new group over ``workers`` (default: every worker of ``client``, sorted).
 
         Registers the plugin on the cluster (also on workers that join later).
@@ -120,7 +129,9 @@ def communicator(group: CollectiveGroup):
         raise ClusterError("communicator() runs inside a task on a worker of the group") from None
     collectives = worker.extensions.get(NAME)
     if collectives is None:
-        raise ClusterError(f"worker {worker.address} lacks the collective plugin; create groups with CollectiveGroup.create")
+        raise ClusterError(
+            f"worker {worker.address} lacks the collective plugin; create groups with CollectiveGroup.create"
+        )
     return collectives.communicator(group)
 
 
@@ -157,9 +168,15 @@ class WorkerCollectives:
             found = NcclCommunicator(group.token, rank, group.addresses, group.nccl_id, group.timeout)
         else:
             found = Communicator(
-                group.token, rank, group.addresses, functools.partial(self.send, group), self.mailbox,
-                self.worker.loop.asyncio_loop, timeout=group.timeout, algorithm=group.algorithm,
-            )  # fmt: skip
+                group.token,
+                rank,
+                group.addresses,
+                functools.partial(self.send, group),
+                self.mailbox,
+                self.worker.loop.asyncio_loop,
+                timeout=group.timeout,
+                algorithm=group.algorithm,
+            )
         self.communicators[group.token] = found
         return found
 

@@ -123,8 +123,14 @@ class Handle:
     what this rank sent from it: the array is then read-only until :meth:`wait` returns.
     """
 
-    def __init__(self, communicator: Communicator, bucket: str, flat, future: concurrent.futures.Future | None,
-                 summed: concurrent.futures.Future | None = None):  # fmt: skip
+    def __init__(
+        self,
+        communicator: Communicator,
+        bucket: str,
+        flat,
+        future: concurrent.futures.Future | None,
+        summed: concurrent.futures.Future | None = None,
+    ):
         self.communicator, self.bucket, self.flat, self._future = communicator, bucket, flat, future
         self._summed = summed
 
@@ -186,10 +192,21 @@ class Communicator:
         Payload bytes so far.
     """
 
-    def __init__(self, group: str, rank: int, addresses, send: Send, mailbox: Mailbox, loop, timeout: float = 60.0,
-                 algorithm: str = "auto"):  # fmt: skip
+    def __init__(
+        self,
+        group: str,
+        rank: int,
+        addresses,
+        send: Send,
+        mailbox: Mailbox,
+        loop,
+        timeout: float = 60.0,
+        algorithm: str = "auto",
+    ):
         if algorithm not in ALGORITHMS:
-            raise ClusterError(f"unknown all-reduce algorithm {algorithm!r}; use one of {', '.join(map(repr, ALGORITHMS))}")
+            raise ClusterError(
+                f"unknown all-reduce algorithm {algorithm!r}; use one of {', '.join(map(repr, ALGORITHMS))}"
+            )
         self.group, self.rank, self.addresses = group, rank, tuple(addresses)
         self.size = len(self.addresses)
         self._send, self.mailbox, self.loop, self.timeout = send, mailbox, loop, float(timeout)
@@ -246,7 +263,9 @@ class Communicator:
         try:
             await asyncio.wait_for(self._send(peer, key, value), self.timeout)
         except asyncio.TimeoutError:
-            raise CollectiveError(f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s") from None
+            raise CollectiveError(
+                f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s"
+            ) from None
         except (OSError, ConnectionError) as e:
             raise CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
         self.bytes_sent += value.nbytes
@@ -278,8 +297,9 @@ class Communicator:
         try:
             waiting = set(receiving)
             while waiting:
-                done, _ = await asyncio.wait(waiting | {t for t in sent if not t.done()},
-                                             return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+                done, _ = await asyncio.wait(
+                    waiting | {t for t in sent if not t.done()}, return_when=asyncio.FIRST_COMPLETED
+                )
                 for task in done:
                     if task.exception() is not None:
                         raise task.exception()

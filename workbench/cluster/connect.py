@@ -92,7 +92,9 @@ def local_cluster(n_workers: int | None = None, **kwargs):
     n = n_workers or config("n-workers") or os.cpu_count() or 1
     env = {**BLAS_ENV, **kwargs.pop("env", {})}
     # Nanny processes hand ``env`` to each worker before its libraries load.
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **env}}):
+    with dask.config.set(
+        {"distributed.nanny.pre-spawn-environ": {**dask.config.get("distributed.nanny.pre-spawn-environ", {}), **env}}
+    ):
         return LocalCluster(
             n_workers=int(n),
             threads_per_worker=1,
@@ -204,7 +206,10 @@ def probe(address: str, security, seconds: float) -> None:
 
 def _tls_configured() -> bool:
     """Certificates or a security loader in Dask's configuration."""
-    return bool(dask.config.get("distributed.comm.tls.ca-file", None) or dask.config.get("distributed.client.security-loader", None))
+    return bool(
+        dask.config.get("distributed.comm.tls.ca-file", None)
+        or dask.config.get("distributed.client.security-loader", None)
+    )
 
 
 async def _identity(address: str, security, seconds: float):

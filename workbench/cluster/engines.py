@@ -75,7 +75,9 @@ DEFAULT_STRATEGY = "allreduce"
 FALLBACK_STRATEGY = "parameter_server"
 
 
-def register_strategy(name: str, make: Callable[..., StepEngine], limits: Callable[..., str | None] | None = None) -> None:
+def register_strategy(
+    name: str, make: Callable[..., StepEngine], limits: Callable[..., str | None] | None = None
+) -> None:
     """Make ``Session.fit(..., strategy=name)`` train with the engines ``make`` builds.
 
     ``limits(request, client, options)``, when given, says why the strategy cannot train a fit (or None).
@@ -116,5 +118,7 @@ def make_engine(request: FitRequest, client, options: ClusterOptions, events: Ev
     with engine.translated():
         failures.check_memory(client, request.data)
         client.register_plugin(ReuseFreedMemory())  # every strategy's tasks allocate large temporaries
-        engine.engine = STRATEGIES[name](request, client, dataclasses.replace(options, strategy=name, reason=reason), events)
+        engine.engine = STRATEGIES[name](
+            request, client, dataclasses.replace(options, strategy=name, reason=reason), events
+        )
     return engine

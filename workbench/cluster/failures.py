@@ -22,7 +22,9 @@ import numpy as np
 from workbench.errors import ClusterError, WorkbenchError
 from workbench.training import is_dask_array
 
-DASK_ARRAY_ADVICE = "pass a dask array instead (dask.array.from_array(x, chunks=...)), so that each worker holds only its chunks"
+DASK_ARRAY_ADVICE = (
+    "pass a dask array instead (dask.array.from_array(x, chunks=...)), so that each worker holds only its chunks"
+)
 
 
 def cluster_error(error: BaseException, client=None, *, step: int | None = None, data_bytes: int = 0) -> WorkbenchError:
@@ -39,22 +41,32 @@ def cluster_error(error: BaseException, client=None, *, step: int | None = None,
     status = getattr(client, "status", "running")
     address = _scheduler_address(client)
     if _scheduler_lost(error) or status in ("connecting", "failed"):
-        message = (f"lost the Dask scheduler at {address}{at}: it was stopped, or its machine or network went "
-                   f"away; start the cluster again and fit again (with checkpoint_dir the fit resumes from "
-                   f"its last checkpoint) ({what})")  # fmt: skip
+        message = (
+            f"lost the Dask scheduler at {address}{at}: it was stopped, or its machine or network went "
+            f"away; start the cluster again and fit again (with checkpoint_dir the fit resumes from "
+            f"its last checkpoint) ({what})"
+        )
     elif status in ("closing", "closed"):
-        message = (f"the Dask client was closed while the fit ran{at} (client.close() or session.close(), "
-                   f"perhaps from another thread); create a new Session to train again ({what})")  # fmt: skip
+        message = (
+            f"the Dask client was closed while the fit ran{at} (client.close() or session.close(), "
+            f"perhaps from another thread); create a new Session to train again ({what})"
+        )
     elif _worker_died(error) and data_bytes and data_bytes > memory_target(client):
-        message = (f"the training data ({_mb(data_bytes)}) does not fit a worker's memory "
-                   f"(its limit is {_mb(memory_limit(client))}): the worker ran out of memory and was "
-                   f"restarted{at}; {DASK_ARRAY_ADVICE} ({what})")  # fmt: skip
+        message = (
+            f"the training data ({_mb(data_bytes)}) does not fit a worker's memory "
+            f"(its limit is {_mb(memory_limit(client))}): the worker ran out of memory and was "
+            f"restarted{at}; {DASK_ARRAY_ADVICE} ({what})"
+        )
     elif _worker_died(error):
-        message = (f"the workers running a task of the fit died{at} (out of memory, or a crash: see the "
-                   f"workers' logs); the fit could not recover ({what})")  # fmt: skip
+        message = (
+            f"the workers running a task of the fit died{at} (out of memory, or a crash: see the "
+            f"workers' logs); the fit could not recover ({what})"
+        )
     elif isinstance(error, TimeoutError):
-        message = (f"the fit made no progress{at} within its step_timeout and could not recover; check the "
-                   f"workers (the dashboard shows what they do) or raise step_timeout ({what})")  # fmt: skip
+        message = (
+            f"the fit made no progress{at} within its step_timeout and could not recover; check the "
+            f"workers (the dashboard shows what they do) or raise step_timeout ({what})"
+        )
     else:
         message = f"the fit failed on the cluster{at}: {what}; see the workers' logs"
     translated = ClusterError(message)

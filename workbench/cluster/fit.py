@@ -68,8 +68,12 @@ class ParameterServer:
         self.worker_addresses, self.backups = options.workers, options.backup_replicas
         self.reason = options.reason  # why fit chose this strategy, if it did
         self.program = TrainingProgram.from_graph(
-            request.graph, request.train, list(request.fetches.values()), seed=request.seed,
-            device=request.device.kind, device_options=request.device.options,
+            request.graph,
+            request.train,
+            list(request.fetches.values()),
+            seed=request.seed,
+            device=request.device.kind,
+            device_options=request.device.options,
         )
         missing = set(self.program.feeds) - set(request.data)
         if missing:
@@ -231,21 +235,25 @@ class ParameterServer:
 
         shards_ = self.replicas + self.backups
         weight = (lambda part: len(part) / len(index)) if not self.backups else (lambda part: 1.0 / self.replicas)
-        tasks, keys = replica_tasks(self.program_ref, previous, data, index, shards_, weight, self.graph_name, step, self.token)
+        tasks, keys = replica_tasks(
+            self.program_ref, previous, data, index, shards_, weight, self.graph_name, step, self.token
+        )
         # replica i prefers worker i (mod the count): the scheduler alone would put every
         # replica next to the variables, on one worker
         # (once a worker is left out, the workers left, strictly: the scheduler would still pick it)
         replicas, where = [], self._placement()
         for i, key in enumerate(keys["grads"]):
             preferred = [self.worker_list[i % len(self.worker_list)]] if not self.excluded else list(where)
-            replicas += self.client.get({key: tasks[key]}, [key], sync=False, workers=preferred,
-                                        allow_other_workers=not self.excluded)  # fmt: skip
+            replicas += self.client.get(
+                {key: tasks[key]}, [key], sync=False, workers=preferred, allow_other_workers=not self.excluded
+            )
         if self.backups:
             replicas = self._first_to_finish(replicas)
         combine = combine_tasks(self.program_ref, previous, [TaskRef(f.key) for f in replicas], keys, self.token)
         metrics, update = self.client.get(combine, [keys["metrics"], keys["update"]], sync=False, workers=where)
         self.updates[step] = update
         self.metrics.append((step, metrics))
+
     def _first_to_finish(self, replicas: list) -> list:
         """Backup replicas (Chen et al. 2016): the first ``self.replicas`` to finish, in replica order.
 

@@ -67,13 +67,16 @@ def run_whole(program: InferenceProgram, variables: dict, *arrays) -> tuple:
     return run_chunk(program, variables, arrays)
 
 
-def inference_program(graph: Graph, fetches: tuple, chunked: tuple, constants: tuple, seed: int,
-                      device: tuple) -> InferenceProgram:  # fmt: skip
+def inference_program(
+    graph: Graph, fetches: tuple, chunked: tuple, constants: tuple, seed: int, device: tuple
+) -> InferenceProgram:
     """The program of ``graph`` (pruned and optimized already) for ``fetches``, fed ``chunked``
     placeholders chunk by chunk and ``constants`` whole; ``device`` is the session's ``(kind, options)``."""
     text = graph.to_json()
     kind, options = worker_device(*device)
-    digest = hashlib.sha1("\0".join([text, *fetches, *chunked, *constants, kind, repr(options)]).encode()).hexdigest()[:16]
+    digest = hashlib.sha1("\0".join([text, *fetches, *chunked, *constants, kind, repr(options)]).encode()).hexdigest()[
+        :16
+    ]
     return InferenceProgram(text, fetches, chunked, constants, seed, digest, kind, options)
 
 

@@ -158,7 +158,9 @@ def step_tasks(
     not depend on it (the usual case).
     """
     total = len(index)
-    tasks, keys = replica_tasks(program, state, data, index, replicas, lambda part: len(part) / total, name, step, token)
+    tasks, keys = replica_tasks(
+        program, state, data, index, replicas, lambda part: len(part) / total, name, step, token
+    )
     tasks.update(combine_tasks(program, state, [TaskRef(k) for k in keys["grads"]], keys, token))
     return tasks, keys
 
@@ -194,8 +196,18 @@ def allreduce_calls(name: str, token: str, step: int, index: np.ndarray, ranks: 
     return calls
 
 
-def _allreduce_tasks(dsk: dict, program, variables: dict, data_refs: list, index_of, replicas: int, name: str,
-                     steps: int, token: str, bucket_bytes: int = 4 << 20) -> tuple[list, int]:  # fmt: skip
+def _allreduce_tasks(
+    dsk: dict,
+    program,
+    variables: dict,
+    data_refs: list,
+    index_of,
+    replicas: int,
+    name: str,
+    steps: int,
+    token: str,
+    bucket_bytes: int = 4 << 20,
+) -> tuple[list, int]:
     """Add the all-reduce strategy's tasks of ``steps`` steps to ``dsk``; the per-step keys of rank 0 and R."""
     from workbench.cluster.collective import CollectiveGroup
 
@@ -281,7 +293,9 @@ def lower(
     >>> state["step"], state["variables"]["w"].round(3).tolist()
     (3, [0.392, 0.392])
     """
-    program = TrainingProgram.from_graph(graph, train, _names(fetches), seed=seed, device=device, device_options=device_options)
+    program = TrainingProgram.from_graph(
+        graph, train, _names(fetches), seed=seed, device=device, device_options=device_options
+    )
     arrays = {_name(k): np.asarray(v) for k, v in data.items()}
     missing = set(program.feeds) - set(arrays)
     if missing:
@@ -298,8 +312,9 @@ def lower(
     data_refs = [TaskRef(("data", key, token)) for key in program.feeds]
     batches = batch_indices(n, batch_size, steps, seed if batch_seed is None else batch_seed)
     if strategy == "allreduce":
-        firsts, per_step = _allreduce_tasks(dsk, TaskRef(("program", token)), variables, data_refs, batches, replicas,
-                                            name, steps, token)  # fmt: skip
+        firsts, per_step = _allreduce_tasks(
+            dsk, TaskRef(("program", token)), variables, data_refs, batches, replicas, name, steps, token
+        )
         return Lowered(dsk, firsts[-1], firsts, per_step, program)
     dsk[("state-0", token)] = DataNode(("state-0", token), initial_state(variables))
     state = TaskRef(("state-0", token))

@@ -30,9 +30,12 @@ def unique_id() -> tuple:
 
 def _nccl_dtype(nccl, dtype) -> int:
     table = {
-        "float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32, "float64": nccl.NCCL_FLOAT64,
-        "int32": nccl.NCCL_INT32, "int64": nccl.NCCL_INT64,
-    }  # fmt: skip
+        "float16": nccl.NCCL_FLOAT16,
+        "float32": nccl.NCCL_FLOAT32,
+        "float64": nccl.NCCL_FLOAT64,
+        "int32": nccl.NCCL_INT32,
+        "int64": nccl.NCCL_INT64,
+    }
     found = table.get(str(dtype))
     if found is None:
         raise ClusterError(f"NCCL all-reduce does not take {dtype} arrays; use one of {sorted(table)}")
@@ -95,7 +98,9 @@ class NcclCommunicator:
         ready.record(cupy.cuda.get_current_stream())
         self.stream.wait_event(ready)  # the values the caller's stream is still computing
         ptr = flat.data.ptr
-        self.comm.allReduce(ptr, ptr, flat.size, _nccl_dtype(self.nccl, flat.dtype), self.nccl.NCCL_SUM, self.stream.ptr)
+        self.comm.allReduce(
+            ptr, ptr, flat.size, _nccl_dtype(self.nccl, flat.dtype), self.nccl.NCCL_SUM, self.stream.ptr
+        )
         if scale is not None:
             with self.stream:
                 flat *= flat.dtype.type(scale)

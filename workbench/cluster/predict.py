@@ -167,8 +167,11 @@ class Assumptions:
         """The assumptions in words, as the views state them."""
         link = self.link_of(profile)
         name = "the measured link" if link.name == "measured" else link.name
-        batch = (f"global batch {profile.batch_size} fixed, split over the workers" if self.batch == "global"
-                 else f"{profile.batch_size} rows per worker, the global batch grows with the workers")  # fmt: skip
+        batch = (
+            f"global batch {profile.batch_size} fixed, split over the workers"
+            if self.batch == "global"
+            else f"{profile.batch_size} rows per worker, the global batch grows with the workers"
+        )
         return [
             f"link: {name}: {_rate(link.bandwidth)} per worker, {link.latency * 1e6:,.0f} µs a message",
             f"batch: {batch}; per-worker compute as measured (one worker's speed)",
@@ -197,8 +200,9 @@ def bucket_sizes(model_bytes: float, bucket_bytes: float) -> list[float]:
     return [float(bucket_bytes)] * int(full) + ([rest] if rest > 0 else [])
 
 
-def exposed_allreduce(profile: Profile, compute: float, ranks: int, link: Link, overlap: bool = True,
-                      share: float = 1.0) -> float:  # fmt: skip
+def exposed_allreduce(
+    profile: Profile, compute: float, ranks: int, link: Link, overlap: bool = True, share: float = 1.0
+) -> float:
     """Seconds of all-reduce left after the backward pass ends.
 
     Bucket ``i`` of ``n`` is ready when the backward pass has made its share of the
@@ -240,16 +244,28 @@ def step_time(profile: Profile, strategy: str, workers: int, assumptions: Assump
         overhead += 2 * (workers - 1) * profile.task_seconds
         levels = math.ceil(math.log2(workers)) if workers > 1 else 0
         gradient = link.latency + profile.model_bytes / link.bandwidth
-        communication = (levels * (gradient + profile.model_bytes / profile.sum_rate) + (workers - 1) * gradient) * share
+        communication = (
+            levels * (gradient + profile.model_bytes / profile.sum_rate) + (workers - 1) * gradient
+        ) * share
     seconds = overhead + compute + communication + update
     if strategy == "allreduce":
         seconds = max(seconds, workers * profile.task_seconds)
-    return {"step_seconds": seconds, "compute_seconds": compute, "communication_seconds": communication,
-            "overhead_seconds": overhead, "update_seconds": update}  # fmt: skip
+    return {
+        "step_seconds": seconds,
+        "compute_seconds": compute,
+        "communication_seconds": communication,
+        "overhead_seconds": overhead,
+        "update_seconds": update,
+    }
 
 
-def predict(profile: Profile, workers, strategies=STRATEGIES, assumptions: Assumptions = Assumptions(),
-            base: tuple[int, float] | None = None) -> list[dict]:  # fmt: skip
+def predict(
+    profile: Profile,
+    workers,
+    strategies=STRATEGIES,
+    assumptions: Assumptions = Assumptions(),
+    base: tuple[int, float] | None = None,
+) -> list[dict]:
     """Predicted rows, by strategy then worker count.
 
     Each row: ``workers``, ``strategy``, ``samples_per_s``, ``speedup``, ``efficiency``,
@@ -268,8 +284,16 @@ def predict(profile: Profile, workers, strategies=STRATEGIES, assumptions: Assum
             part = step_time(profile, strategy, k, assumptions)
             rate = _rate_of(profile, part, k, assumptions)
             speedup = rate / ref[1] * ref[0]
-            rows.append({"workers": k, "strategy": strategy, "samples_per_s": rate, "speedup": speedup,
-                         "efficiency": speedup / k, **part})  # fmt: skip
+            rows.append(
+                {
+                    "workers": k,
+                    "strategy": strategy,
+                    "samples_per_s": rate,
+                    "speedup": speedup,
+                    "efficiency": speedup / k,
+                    **part,
+                }
+            )
     return rows
 
 
@@ -281,6 +305,10 @@ def _rate_of(profile: Profile, part: dict, workers: int, assumptions: Assumption
 def seed_case(step_seconds: float = 1.0, model_bytes: float = 96e6, batch_size: int = 32) -> Profile:
     """An Inception-v3-sized model on GPUs: ``model_bytes`` of gradients, ``step_seconds`` of
     compute per step on ``batch_size`` rows, GPU-speed sums, no other costs."""
-    return Profile(model_bytes=model_bytes, batch_size=batch_size, compute_per_sample=step_seconds / batch_size,
-                   sum_rate=500e9, source=f"{model_bytes / 1e6:.0f} MB of gradients, {step_seconds:g} s of compute a step")  # fmt: skip
-
+    return Profile(
+        model_bytes=model_bytes,
+        batch_size=batch_size,
+        compute_per_sample=step_seconds / batch_size,
+        sum_rate=500e9,
+        source=f"{model_bytes / 1e6:.0f} MB of gradients, {step_seconds:g} s of compute a step",
+    )

@@ -57,8 +57,9 @@ def fit_line(xs, ys) -> tuple[float, float]:
     return float(a), float(b)
 
 
-def measure_allreduce(client, workers, sizes=SIZES, repeats: int = 5, timeout: float = 60.0,
-                      algorithm: str = "direct") -> list[tuple[int, float]]:  # fmt: skip
+def measure_allreduce(
+    client, workers, sizes=SIZES, repeats: int = 5, timeout: float = 60.0, algorithm: str = "direct"
+) -> list[tuple[int, float]]:
     """``(bytes, seconds)`` of one all-reduce between ``workers`` per size: the median over
     ``repeats`` rounds of the slowest rank's time."""
     workers = list(workers)
@@ -66,13 +67,19 @@ def measure_allreduce(client, workers, sizes=SIZES, repeats: int = 5, timeout: f
         raise ClusterError(f"measuring the all-reduce needs two workers or more, got {workers}")
     group = CollectiveGroup.create(client, workers, run="probe", timeout=timeout, algorithm=algorithm)
     try:
-        futures = [client.submit(_time_allreduce, group, tuple(sizes), repeats, workers=[a], pure=False,
-                                 allow_other_workers=False) for a in workers]  # fmt: skip
+        futures = [
+            client.submit(
+                _time_allreduce, group, tuple(sizes), repeats, workers=[a], pure=False, allow_other_workers=False
+            )
+            for a in workers
+        ]
         per_rank = client.gather(futures)
     finally:
         group.release(client)
-    return [(int(size), statistics.median(max(rank[i][j] for rank in per_rank) for j in range(repeats)))
-            for i, size in enumerate(sizes)]  # fmt: skip
+    return [
+        (int(size), statistics.median(max(rank[i][j] for rank in per_rank) for j in range(repeats)))
+        for i, size in enumerate(sizes)
+    ]
 
 
 def measure_link(client, workers, sizes=SIZES, repeats: int = 5, timeout: float = 60.0) -> dict:

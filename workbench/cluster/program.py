@@ -96,7 +96,9 @@ class TrainingProgram:
         cls, graph: Graph, train, fetches=(), seed: int = 0, device: str = "cpu", device_options: dict | None = None
     ) -> TrainingProgram:
         """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded."""
-        train_name = train.name if isinstance(train, Operation) else train.op.name if hasattr(train, "op") else str(train)
+        train_name = (
+            train.name if isinstance(train, Operation) else train.op.name if hasattr(train, "op") else str(train)
+        )
         record = graph.training.get(train_name)
         if record is None:
             known = ", ".join(repr(n) for n in graph.training) or "none"
@@ -123,8 +125,20 @@ class TrainingProgram:
         parts = [*texts, train_name, *feeds, *gradients, *fetches, str(seed), device, repr(options)]
         digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
         return cls(
-            *texts, train_name, feeds, gradients, gradient_ops, fetches, replica_vars, state_vars, seed, digest,
-            device, options, loss_scale=record.loss_scale, gradient_variables=tuple(v for _, v in record.gradients),
+            *texts,
+            train_name,
+            feeds,
+            gradients,
+            gradient_ops,
+            fetches,
+            replica_vars,
+            state_vars,
+            seed,
+            digest,
+            device,
+            options,
+            loss_scale=record.loss_scale,
+            gradient_variables=tuple(v for _, v in record.gradients),
         )
 
 
@@ -259,7 +273,9 @@ def replica_gradients(
     device = plans.device
     plans.replica_state.clear()
     plans.replica_state.update(plans.variables(state, program.replica_variables))
-    if program.loss_scale:  # scale the shard's mean loss by its share, so float16 overflows where the whole batch's does
+    if (
+        program.loss_scale
+    ):  # scale the shard's mean loss by its share, so float16 overflows where the whole batch's does
         plans.replica_state[program.loss_scale] = _scale(plans.replica_state[program.loss_scale], weight)
     rows = {name: device.put(take_rows(source, index)) for name, source in zip(program.feeds, data)}  # up once
     # random ops (dropout) draw per step, and per row of the global batch, however it is split
@@ -325,4 +341,3 @@ def step_metrics(reduced: dict, new_state: dict) -> dict:
 
 def initial_state(variables: dict, step: int = 0) -> dict:
     return {"variables": dict(variables), "step": step}
-

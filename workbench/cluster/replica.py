@@ -80,8 +80,15 @@ def plan_buckets(order: list[int], shapes: list[tuple], dtypes: list[str], bucke
 class Replica:
     """One worker's replica of a run: plans, variables, buckets and its rank's communicator."""
 
-    def __init__(self, program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup,
-                 bucket_bytes: int = 4 << 20, data: tuple = ()):  # fmt: skip
+    def __init__(
+        self,
+        program: TrainingProgram,
+        variables: dict,
+        step: int,
+        group: CollectiveGroup,
+        bucket_bytes: int = 4 << 20,
+        data: tuple = (),
+    ):
         reuse_freed_memory()  # else every large temporary of a step is a fresh mmap in a Dask worker
         self.program, self.group = program, group
         # the sources of the feeds, held here: Dask may drop its extra replicas of scattered data
@@ -98,11 +105,19 @@ class Replica:
         n = len(program.gradients)
         self.forward_state: dict = {}
         replica = Graph.from_json(program.replica_json)
-        self.forward = compile_plan(replica, [*program.gradients, *program.fetches],
-                                    program.feeds, device, state=self.forward_state, **shipped)  # fmt: skip
+        self.forward = compile_plan(
+            replica, [*program.gradients, *program.fetches], program.feeds, device, state=self.forward_state, **shipped
+        )
         # the optimizer writes into this replica's variables (own_state): no fresh arrays per step
-        self.update = compile_plan(Graph.from_json(program.update_json), [program.train], program.gradient_ops, device,
-                                   state=self.variables, own_state=True, **shipped)  # fmt: skip
+        self.update = compile_plan(
+            Graph.from_json(program.update_json),
+            [program.train],
+            program.gradient_ops,
+            device,
+            state=self.variables,
+            own_state=True,
+            **shipped,
+        )
         self.update_order = [program.gradient_ops.index(name) for name in self.update.feed_names]
         self.feed_order = [program.feeds.index(name) for name in self.forward.feed_names]
         self._layout([str(replica.get(g).dtype) for g in program.gradients], bucket_bytes)
@@ -138,8 +153,16 @@ class Replica:
         if self._missing[b] == 0:
             self._handles[b] = self.comm.start(f"{self._step}.{b}", self.flats[b], self._scale)
 
-    def run(self, step: int, rows: np.ndarray, offset: int, weight: float, scale: float | None, fetch_weight: float,
-            sync: bool) -> dict:  # fmt: skip
+    def run(
+        self,
+        step: int,
+        rows: np.ndarray,
+        offset: int,
+        weight: float,
+        scale: float | None,
+        fetch_weight: float,
+        sync: bool,
+    ) -> dict:
         """Step ``step`` on the examples ``rows`` (this replica's shard); see the module's docstring.
 
         ``offset``: where the shard starts in the global batch; ``weight``: what each gradient is
@@ -254,8 +277,9 @@ _REPLICAS: dict[str, Replica] = {}
 _LOCK = threading.Lock()
 
 
-def start_replica(program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup, bucket_bytes: int,
-                  *data) -> str:  # fmt: skip
+def start_replica(
+    program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup, bucket_bytes: int, *data
+) -> str:
     """Make this worker's replica of ``group``'s run (dropping older generations of the same run).
 
     ``data``: one source per feed of the program (see :func:`take_rows`).
@@ -269,8 +293,17 @@ def start_replica(program: TrainingProgram, variables: dict, step: int, group: C
     return group.addresses[replica.comm.rank]
 
 
-def run_step(token: str, step: int, rows: np.ndarray, offset: int, weight: float, scale, fetch_weight: float,
-             sync: bool, _started) -> dict:  # fmt: skip
+def run_step(
+    token: str,
+    step: int,
+    rows: np.ndarray,
+    offset: int,
+    weight: float,
+    scale,
+    fetch_weight: float,
+    sync: bool,
+    _started,
+) -> dict:
     """One replica's step ``step`` (``_started``: the replica's start task, a dependency for the order)."""
     replica = _REPLICAS.get(token)
     if replica is None:

@@ -44,9 +44,15 @@ def training_update(event) -> dict[str, Any] | None:
     or ``"done"``; every update has the ``session`` it comes from.
     """
     if isinstance(event, FitStarted):
-        return {"status": "started", "session": event.session, "graph": event.graph_name, "scheduler": event.scheduler,
-                "steps": int(event.steps or 0), "batch_size": int(event.batch_size or 0),
-                "labels": list(event.fetches or [])}  # fmt: skip
+        return {
+            "status": "started",
+            "session": event.session,
+            "graph": event.graph_name,
+            "scheduler": event.scheduler,
+            "steps": int(event.steps or 0),
+            "batch_size": int(event.batch_size or 0),
+            "labels": list(event.fetches or []),
+        }
     if isinstance(event, Step):
         numbers = {"time": event.time, "samples_per_s": event.samples_per_s, **event.fetches}
         values = {k: float(v) for k, v in numbers.items() if _is_number(v)}
@@ -88,8 +94,17 @@ class _Fit:
     def summary(self, status: str, now: float) -> dict[str, Any]:
         elapsed = now - self.sent_time
         steps_per_s = (self.step - self.sent_step) / elapsed if elapsed > 0 else 0.0
-        msg = {"graph": self.graph, "session": self.session, "status": status, "step": self.step, "steps": self.steps,
-               "batch_size": self.batch_size, "loss_name": self.loss_name, "loss": self.loss, "points": self.points}  # fmt: skip
+        msg = {
+            "graph": self.graph,
+            "session": self.session,
+            "status": status,
+            "step": self.step,
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "loss_name": self.loss_name,
+            "loss": self.loss,
+            "points": self.points,
+        }
         if self.step > self.sent_step:
             msg.update(steps_per_s=steps_per_s, samples_per_s=steps_per_s * self.batch_size)
         self.points, self.sent_step, self.sent_time = [], self.step, now
@@ -104,7 +119,9 @@ class Forwarder:
     send stops forwarding that fit (monitoring never stops training).
     """
 
-    def __init__(self, interval: float = 0.25, clock: Callable[[], float] = time.monotonic, send=None, find_client=None):
+    def __init__(
+        self, interval: float = 0.25, clock: Callable[[], float] = time.monotonic, send=None, find_client=None
+    ):
         self.interval, self.clock = interval, clock
         self.send = send or (lambda client, msg: client.log_event(TOPIC, msg))
         self.find_client = find_client or client_for

@@ -55,8 +55,23 @@ class TrainingMonitor(SchedulerPlugin):
         fit = self._fit(msg["graph"])
         if msg.get("status") == "started":  # a new fit of that graph
             fit.update(points=[], stride=1, seen=0, tasks=deque(), started=self.clock(), step=0, loss=None)
-        fit.update({k: msg[k] for k in ("session", "status", "step", "steps", "batch_size", "steps_per_s",
-                                        "samples_per_s", "loss", "loss_name") if k in msg})  # fmt: skip
+        fit.update(
+            {
+                k: msg[k]
+                for k in (
+                    "session",
+                    "status",
+                    "step",
+                    "steps",
+                    "batch_size",
+                    "steps_per_s",
+                    "samples_per_s",
+                    "loss",
+                    "loss_name",
+                )
+                if k in msg
+            }
+        )
         fit["updated"] = self.clock()
         for point in msg.get("points") or []:
             self._add_point(fit, point)
@@ -82,16 +97,32 @@ class TrainingMonitor(SchedulerPlugin):
         tasks = fit["tasks"]
         for startstop in kwargs.get("startstops") or ():
             if startstop.get("action") == "compute":
-                tasks.append({"phase": name.phase, "step": name.step, "worker": str(kwargs.get("worker", "")),
-                              "start": float(startstop["start"]), "stop": float(startstop["stop"])})  # fmt: skip
+                tasks.append(
+                    {
+                        "phase": name.phase,
+                        "step": name.step,
+                        "worker": str(kwargs.get("worker", "")),
+                        "start": float(startstop["start"]),
+                        "stop": float(startstop["stop"]),
+                    }
+                )
         newest = max((t["step"] for t in tasks), default=0)
         while tasks and tasks[0]["step"] <= newest - TIMELINE_STEPS:
             tasks.popleft()
 
     def _fit(self, graph: str) -> dict[str, Any]:
         if graph not in self._fits:
-            self._fits[graph] = {"graph": graph, "status": "running", "step": 0, "steps": 0, "points": [], "stride": 1,
-                                 "tasks": deque(), "started": self.clock(), "updated": self.clock()}  # fmt: skip
+            self._fits[graph] = {
+                "graph": graph,
+                "status": "running",
+                "step": 0,
+                "steps": 0,
+                "points": [],
+                "stride": 1,
+                "tasks": deque(),
+                "started": self.clock(),
+                "updated": self.clock(),
+            }
         return self._fits[graph]
 
     def fits(self) -> list[dict[str, Any]]:
@@ -113,10 +144,12 @@ def metric_families(fits: list[dict]):
 
     steps = CounterMetricFamily("workbench_training_steps", "Training steps done, by graph", labels=["graph"])
     families = [steps]
-    for name, help_text in [("steps_per_second", "Training steps per second, by graph"),
-                            ("samples_per_second", "Training samples per second, by graph"),
-                            ("loss", "Latest training loss, by graph"),
-                            ("running", "1 while the fit runs, 0 once it ended, by graph")]:  # fmt: skip
+    for name, help_text in [
+        ("steps_per_second", "Training steps per second, by graph"),
+        ("samples_per_second", "Training samples per second, by graph"),
+        ("loss", "Latest training loss, by graph"),
+        ("running", "1 while the fit runs, 0 once it ended, by graph"),
+    ]:
         families.append(GaugeMetricFamily(f"workbench_training_{name}", help_text, labels=["graph"]))
     for fit in fits:
         labels = [fit["graph"]]

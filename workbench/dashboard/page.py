@@ -20,10 +20,18 @@ from bokeh.plotting import figure
 from workbench.dashboard.monitor import NAME
 
 PAGE = "/individual-workbench"
-PHASE_COLORS = {"grad": "#1f77b4", "reduce": "#ff7f0e", "update": "#2ca02c", "metrics": "#9467bd", "host": "#8c564b",
-                "allreduce": "#17becf"}
-NOT_LOADED = ("No training monitor on this scheduler: start it with <code>--preload workbench.dashboard.preload</code> "
-              "(a local cluster from workbench has it).")  # fmt: skip
+PHASE_COLORS = {
+    "grad": "#1f77b4",
+    "reduce": "#ff7f0e",
+    "update": "#2ca02c",
+    "metrics": "#9467bd",
+    "host": "#8c564b",
+    "allreduce": "#17becf",
+}
+NOT_LOADED = (
+    "No training monitor on this scheduler: start it with <code>--preload workbench.dashboard.preload</code> "
+    "(a local cluster from workbench has it)."
+)
 NO_FITS = "No fit has reported to this scheduler yet. Fits on this cluster appear here while they train."
 
 
@@ -50,12 +58,20 @@ class FitPanel:
         self.loss = figure(title="loss", height=260, width=420, x_axis_label="step", tools="pan,wheel_zoom,reset")
         self.loss.line("step", "loss", source=self.loss_source, line_width=2, color="#1f77b4")
         self.tasks = ColumnDataSource({k: [] for k in ("worker", "left", "right", "phase", "step", "color", "ms")})
-        self.timeline = figure(title="phases of the last steps, per worker", height=290, width=620,
-                               y_range=FactorRange(), x_axis_label="seconds", tools="pan,wheel_zoom,reset")  # fmt: skip
+        self.timeline = figure(
+            title="phases of the last steps, per worker",
+            height=290,
+            width=620,
+            y_range=FactorRange(),
+            x_axis_label="seconds",
+            tools="pan,wheel_zoom,reset",
+        )
         bars = self.timeline.hbar(y="worker", left="left", right="right", height=0.7, color="color", source=self.tasks)
         legend = Legend(items=[LegendItem(label={"field": "phase"}, renderers=[bars])], orientation="horizontal")
         self.timeline.add_layout(legend, "below")
-        self.timeline.add_tools(HoverTool(tooltips=[("", "@phase, step @step"), ("time", "@ms{0.0} ms"), ("worker", "@worker")]))
+        self.timeline.add_tools(
+            HoverTool(tooltips=[("", "@phase, step @step"), ("time", "@ms{0.0} ms"), ("worker", "@worker")])
+        )
         self.root = column(self.title, row(self.loss, self.timeline), sizing_mode="stretch_width")
 
     def update(self, fit: dict) -> None:

@@ -15,10 +15,18 @@ def scheduler_status(dask_scheduler) -> dict:
     except ImportError as e:
         bokeh = str(e) or "bokeh is not installed"
     # The HTTP server (/metrics, /health) runs anyway; the dashboard is the Bokeh application on it.
-    bokeh_apps = [app for app in getattr(getattr(dask_scheduler, "http_application", None), "applications", [])
-                  if hasattr(app, "app_paths")]  # fmt: skip
+    bokeh_apps = [
+        app
+        for app in getattr(getattr(dask_scheduler, "http_application", None), "applications", [])
+        if hasattr(app, "app_paths")
+    ]
     paths = {path for app in bokeh_apps for path in app.app_paths}
-    return {"dashboard": bool(bokeh_apps), "bokeh": bokeh, "page": PAGE in paths, "monitor": NAME in dask_scheduler.plugins}
+    return {
+        "dashboard": bool(bokeh_apps),
+        "bokeh": bokeh,
+        "page": PAGE in paths,
+        "monitor": NAME in dask_scheduler.plugins,
+    }
 
 
 def dashboard_info(client, link: str) -> dict:
@@ -31,10 +39,17 @@ def dashboard_info(client, link: str) -> dict:
         note = "no Workbench page on the dashboard: workbench is not importable where the scheduler runs"
         return {"workbench_page": "", "dashboard_note": (note if link else "no dashboard") + f" ({why})"}
     if not status["dashboard"]:
-        reason = f"Dask needs bokeh for it: {status['bokeh']}" if status["bokeh"] else "the scheduler was started without one"
+        reason = (
+            f"Dask needs bokeh for it: {status['bokeh']}"
+            if status["bokeh"]
+            else "the scheduler was started without one"
+        )
         return {"dashboard": "", "workbench_page": "", "dashboard_note": f"no dashboard: {reason}"}
     if not (status["page"] and status["monitor"]):
-        return {"workbench_page": "", "dashboard_note": "no Workbench page on the dashboard: start the scheduler with "
-                "--preload workbench.dashboard.preload"}  # fmt: skip
+        return {
+            "workbench_page": "",
+            "dashboard_note": "no Workbench page on the dashboard: start the scheduler with "
+            "--preload workbench.dashboard.preload",
+        }
     base = link.rsplit("/", 1)[0] if link else ""
     return {"workbench_page": f"{base}{PAGE}" if base else "", "dashboard_note": ""}

@@ -73,8 +73,12 @@ class CapturableMatmul:
         self.handle = ctypes.c_void_p()
         _check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
         self.workspace = cupy.empty(workspace, cupy.uint8)  # lives as long as this object, and so the graphs
-        _check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.pointer(self.workspace)),
-                                              ctypes.c_size_t(workspace)), "cublasSetWorkspace")  # fmt: skip
+        _check(
+            self.lib.cublasSetWorkspace_v2(
+                self.handle, ctypes.c_void_p(self.pointer(self.workspace)), ctypes.c_size_t(workspace)
+            ),
+            "cublasSetWorkspace",
+        )
         self.calls = self.fallbacks = 0
 
     def bind(self, stream_ptr: int) -> None:
@@ -93,11 +97,26 @@ class CapturableMatmul:
         # row-major out = a @ b is column-major out^T = b^T @ a^T: cuBLAS sees each C-contiguous
         # array as its transpose already, and an F-contiguous one as itself (then op T)
         status = self.lib.cublasGemmEx(
-            self.handle, op_b, op_a, n, m, k, ctypes.byref(alpha),
-            ctypes.c_void_p(self.pointer(b)), data_type, ld_b,
-            ctypes.c_void_p(self.pointer(a)), data_type, ld_a, ctypes.byref(beta),
-            ctypes.c_void_p(self.pointer(out)), data_type, n, compute, GEMM_DEFAULT,
-        )  # fmt: skip
+            self.handle,
+            op_b,
+            op_a,
+            n,
+            m,
+            k,
+            ctypes.byref(alpha),
+            ctypes.c_void_p(self.pointer(b)),
+            data_type,
+            ld_b,
+            ctypes.c_void_p(self.pointer(a)),
+            data_type,
+            ld_a,
+            ctypes.byref(beta),
+            ctypes.c_void_p(self.pointer(out)),
+            data_type,
+            n,
+            compute,
+            GEMM_DEFAULT,
+        )
         _check(status, f"cublasGemmEx({a.shape} @ {b.shape}, {a.dtype})")
         self.calls += 1
         return out

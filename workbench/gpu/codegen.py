@@ -27,16 +27,27 @@ from workbench.ops.registry import FLOATS
 #: C type a generated kernel computes each dtype in: float16 and bfloat16 values are
 #: computed in float and rounded once, when stored (or at a ``cast`` to them).
 C_TYPES = {
-    "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
-    "uint8": "unsigned char", "float16": "float", "bfloat16": "float", "float32": "float", "float64": "double",
-}  # fmt: skip
+    "bool": "bool",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "float16": "float",
+    "bfloat16": "float",
+    "float32": "float",
+    "float64": "double",
+}
 
 #: How a stored half-precision value is read as float and written back, per kind of kernel:
 #: ``elementwise`` (``cupy.ElementwiseKernel``, whose ``float16`` converts itself) and ``raw``
 #: (CUDA C with ``cuda_fp16.h``/``cuda_bf16.h``). CuPy arrays have no bfloat16: raw kernels only.
 HALF = {
     "elementwise": {"float16": ("((float){})", "(float16)({})")},
-    "raw": {"float16": ("__half2float({})", "__float2half({})"), "bfloat16": ("__bfloat162float({})", "__float2bfloat16({})")},
+    "raw": {
+        "float16": ("__half2float({})", "__float2half({})"),
+        "bfloat16": ("__bfloat162float({})", "__float2bfloat16({})"),
+    },
 }
 #: The C type of stored elements in raw kernels.
 STORAGE = {**C_TYPES, "float16": "__half", "bfloat16": "__nv_bfloat16"}
@@ -141,7 +152,9 @@ def expression(op_type: str, args, out_dtype: str, attrs: dict | None = None, di
     return C_EXPRESSIONS[op_type].format(*args, T=ctype)
 
 
-def body_lines(program, in_dtypes, dialect: str = "elementwise", loaded: bool = False) -> tuple[list[str], str, str] | None:
+def body_lines(
+    program, in_dtypes, dialect: str = "elementwise", loaded: bool = False
+) -> tuple[list[str], str, str] | None:
     """The C lines of ``program`` over inputs ``in0``, ``in1`` ...: ``(lines, result name, result dtype)``.
 
     ``loaded``: the inputs are values in their compute types already, not stored elements.

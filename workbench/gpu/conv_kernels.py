@@ -27,8 +27,10 @@ from workbench.ops.fused import register_device_kernel
 from workbench.ops.nn import _geometry
 
 DTYPES = ("float16", "float32", "float64")
-GEOMETRY = "long long n, long long c, long long h, long long w, long long kh, long long kw, long long sh, long long sw, " \
-           "long long pt, long long pl, long long ho, long long wo"  # fmt: skip
+GEOMETRY = (
+    "long long n, long long c, long long h, long long w, long long kh, long long kw, long long sh, long long sw, "
+    "long long pt, long long pl, long long ho, long long wo"
+)
 
 
 def _gather_source(name: str, dtype: str, src: str, dst: str, total: str, body: list[str]) -> tuple[str, str]:
@@ -50,33 +52,47 @@ def _gather_source(name: str, dtype: str, src: str, dst: str, total: str, body: 
 def im2col_source(dtype: str) -> tuple[str, str]:
     """``(name, source)``: ``cols[(c*kh + i)*kw + j, (b*ho + oh)*wo + ow] = x[b, c, oh*sh - pt + i, ow*sw - pl + j]``."""
     zero = store(f"({C_TYPES[dtype]})0", dtype, "raw")
-    return _gather_source(f"wb_im2col_{dtype}", dtype, "x", "cols", "c * kh * kw * width", [
-        "const long long col = e % width, row = e / width;",
-        "const long long ow = col % wo, oh = (col / wo) % ho, b = col / (wo * ho);",
-        "const long long j = row % kw, i = (row / kw) % kh, ch = row / (kw * kh);",
-        "const long long ih = oh * sh - pt + i, iw = ow * sw - pl + j;",
-        "const bool inside = ih >= 0 && ih < h && iw >= 0 && iw < w;",
-        f"cols[e] = inside ? x[((b * c + ch) * h + ih) * w + iw] : {zero};",
-    ])  # fmt: skip
+    return _gather_source(
+        f"wb_im2col_{dtype}",
+        dtype,
+        "x",
+        "cols",
+        "c * kh * kw * width",
+        [
+            "const long long col = e % width, row = e / width;",
+            "const long long ow = col % wo, oh = (col / wo) % ho, b = col / (wo * ho);",
+            "const long long j = row % kw, i = (row / kw) % kh, ch = row / (kw * kh);",
+            "const long long ih = oh * sh - pt + i, iw = ow * sw - pl + j;",
+            "const bool inside = ih >= 0 && ih < h && iw >= 0 && iw < w;",
+            f"cols[e] = inside ? x[((b * c + ch) * h + ih) * w + iw] : {zero};",
+        ],
+    )
 
 
 def col2im_source(dtype: str) -> tuple[str, str]:
     """``(name, source)``: the adjoint of :func:`im2col_source`, one thread per input element."""
-    return _gather_source(f"wb_col2im_{dtype}", dtype, "cols", "x", "n * c * h * w", [
-        "const long long iw = e % w, ih = (e / w) % h, ch = (e / (w * h)) % c, b = e / (w * h * c);",
-        f"{C_TYPES[dtype]} sum = 0;",
-        "for (long long i = 0; i < kh; ++i) {",
-        "    const long long rows = ih + pt - i;",
-        "    if (rows < 0 || rows % sh != 0 || rows / sh >= ho) continue;",
-        "    for (long long j = 0; j < kw; ++j) {",
-        "        const long long cols_ = iw + pl - j;",
-        "        if (cols_ < 0 || cols_ % sw != 0 || cols_ / sw >= wo) continue;",
-        "        const long long col = (b * ho + rows / sh) * wo + cols_ / sw;",
-        f"        sum += {load('cols[((ch * kh + i) * kw + j) * width + col]', dtype, 'raw')};",
-        "    }",
-        "}",
-        f"x[e] = {store('sum', dtype, 'raw')};",
-    ])  # fmt: skip
+    return _gather_source(
+        f"wb_col2im_{dtype}",
+        dtype,
+        "cols",
+        "x",
+        "n * c * h * w",
+        [
+            "const long long iw = e % w, ih = (e / w) % h, ch = (e / (w * h)) % c, b = e / (w * h * c);",
+            f"{C_TYPES[dtype]} sum = 0;",
+            "for (long long i = 0; i < kh; ++i) {",
+            "    const long long rows = ih + pt - i;",
+            "    if (rows < 0 || rows % sh != 0 || rows / sh >= ho) continue;",
+            "    for (long long j = 0; j < kw; ++j) {",
+            "        const long long cols_ = iw + pl - j;",
+            "        if (cols_ < 0 || cols_ % sw != 0 || cols_ / sw >= wo) continue;",
+            "        const long long col = (b * ho + rows / sh) * wo + cols_ / sw;",
+            f"        sum += {load('cols[((ch * kh + i) * kw + j) * width + col]', dtype, 'raw')};",
+            "    }",
+            "}",
+            f"x[e] = {store('sum', dtype, 'raw')};",
+        ],
+    )
 
 
 class ConvKernels:
@@ -97,8 +113,11 @@ class ConvKernels:
 
     def _takes(self, arrays) -> bool:
         first = arrays[0]
-        return (first.__class__ is self.array_type and first.dtype.name in DTYPES
-                and all(a.dtype == first.dtype and a.flags.c_contiguous for a in arrays))  # fmt: skip
+        return (
+            first.__class__ is self.array_type
+            and first.dtype.name in DTYPES
+            and all(a.dtype == first.dtype and a.flags.c_contiguous for a in arrays)
+        )
 
     def _launch(self, make, src, dst, geometry):
         n = dst.size

@@ -35,8 +35,10 @@ def import_cupy():
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - CUDARuntimeError, or a missing driver library
-        raise DeviceError(f"device='gpu' found no CUDA device: CuPy {cupy.__version__} is installed, "
-                          f"but the CUDA runtime says: {type(e).__name__}: {e}") from None  # fmt: skip
+        raise DeviceError(
+            f"device='gpu' found no CUDA device: CuPy {cupy.__version__} is installed, "
+            f"but the CUDA runtime says: {type(e).__name__}: {e}"
+        ) from None
     if count < 1:
         raise DeviceError(f"device='gpu' found no CUDA device (CuPy {cupy.__version__} sees 0 GPUs)")
     return cupy, array_namespace(cupy), count
@@ -84,8 +86,15 @@ def direct_calls(cupy, xp):
         # one device-to-device memcpy for arrays of one shape and dtype (a variable update's
         # copy); cupy.copyto takes that path too, after checks costing a few us a call.
         # Anything else (``where=``, ``casting=``, broadcasting) goes to cupy.copyto.
-        if (not kwargs and src.__class__ is ndarray and dst.__class__ is ndarray and src.dtype == dst.dtype
-                and src.shape == dst.shape and src.flags.c_contiguous and dst.flags.c_contiguous):  # fmt: skip
+        if (
+            not kwargs
+            and src.__class__ is ndarray
+            and dst.__class__ is ndarray
+            and src.dtype == dst.dtype
+            and src.shape == dst.shape
+            and src.flags.c_contiguous
+            and dst.flags.c_contiguous
+        ):
             if src.nbytes:
                 dst.data.copy_from_device_async(src.data, src.nbytes)
         else:
@@ -104,8 +113,14 @@ def parse_device(device: str) -> int:
     return int(index or 0)
 
 
-_DEFAULTS = {"memory_pool": "default", "memory_limit": None, "results": "numpy", "fuse": True, "cuda_graphs": False,
-             "emulate": False}  # fmt: skip
+_DEFAULTS = {
+    "memory_pool": "default",
+    "memory_limit": None,
+    "results": "numpy",
+    "fuse": True,
+    "cuda_graphs": False,
+    "emulate": False,
+}
 
 
 class GPU:
@@ -143,14 +158,28 @@ class GPU:
         unless ``capture`` is given a stand-in.
     """
 
-    def __init__(self, device: str = "gpu", memory_pool="default", memory_limit: int | None = None,
-                 results: str = "numpy", fuse: bool = True, cuda_graphs: bool = False, emulate: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        device: str = "gpu",
+        memory_pool="default",
+        memory_limit: int | None = None,
+        results: str = "numpy",
+        fuse: bool = True,
+        cuda_graphs: bool = False,
+        emulate: bool = False,
+    ):
         self.index = parse_device(device)
         if results not in RESULTS:
             raise DeviceError(f"results must be one of {', '.join(RESULTS)}, got {results!r}")
         self.name, self.kind = f"gpu:{self.index}", "gpu"
-        given = {"memory_pool": memory_pool, "memory_limit": memory_limit, "results": results, "fuse": fuse,
-                 "cuda_graphs": cuda_graphs, "emulate": emulate}  # fmt: skip
+        given = {
+            "memory_pool": memory_pool,
+            "memory_limit": memory_limit,
+            "results": results,
+            "fuse": fuse,
+            "cuda_graphs": cuda_graphs,
+            "emulate": emulate,
+        }
         self.options = {k: v for k, v in given.items() if v != _DEFAULTS[k]}  # those that differ from the defaults
         self.results, self.fuse, self.emulated = results, bool(fuse), bool(emulate)
         self.cuda_graphs = bool(cuda_graphs)
@@ -181,7 +210,9 @@ class GPU:
             return graph
         return fuse_step(graph, keep=fetches, supported=supports_op)
 
-    def run(self, plan, feeds: list, *, check_numerics: bool = False, step=None, row_offset: int = 0, emit=None) -> list:
+    def run(
+        self, plan, feeds: list, *, check_numerics: bool = False, step=None, row_offset: int = 0, emit=None
+    ) -> list:
         """``plan.run(feeds, ...)``, replayed as a CUDA graph when ``cuda_graphs`` allows;
         ``emit(kind, **fields)`` hears why a plan is or is not captured."""
         if self.capture is None or not self.cuda_graphs:

@@ -51,10 +51,18 @@ def update_kernel_source(program, dtypes, stores, lanes: int, width: int) -> tup
     if any(step_dtypes[r] != d for r, d in zip(stores, out_dtypes)):
         return None
     shared = range(width, len(dtypes))
-    args = [f"const {C_TYPES[d]} in{i}" for i, d in enumerate(dtypes)] + [f"{C_TYPES[d]}& r{k}" for k, d in enumerate(out_dtypes)]
+    args = [f"const {C_TYPES[d]} in{i}" for i, d in enumerate(dtypes)] + [
+        f"{C_TYPES[d]}& r{k}" for k, d in enumerate(out_dtypes)
+    ]
     results = [f"    r{k} = {_value(r, len(dtypes))};" for k, r in enumerate(stores)]
-    lane_fn = "\n".join(["__device__ __forceinline__ void wb_lane(" + ", ".join(args) + ") {",
-                         *(f"    {line}" for line in lines), *results, "}"])  # fmt: skip
+    lane_fn = "\n".join(
+        [
+            "__device__ __forceinline__ void wb_lane(" + ", ".join(args) + ") {",
+            *(f"    {line}" for line in lines),
+            *results,
+            "}",
+        ]
+    )
     params = [f"const {STORAGE[dtypes[i]]}* l{lane}_{i}" for lane in range(lanes) for i in range(width)]
     params += [f"{STORAGE[d]}* o{lane}_{k}" for lane in range(lanes) for k, d in enumerate(out_dtypes)]
     params += [f"long long n{lane}" for lane in range(lanes)]
@@ -80,7 +88,9 @@ def _value(ref: int, n_inputs: int) -> str:
 
 def _lane_lines(lane: int, width: int, dtypes, out_dtypes, last: bool) -> list[str]:
     """The loop's branch for lane ``lane``: run the lane program on element ``i`` of its arrays."""
-    args = [load(f"l{lane}_{i}[i]", dtypes[i], "raw") for i in range(width)] + [f"sh{i}" for i in range(width, len(dtypes))]
+    args = [load(f"l{lane}_{i}[i]", dtypes[i], "raw") for i in range(width)] + [
+        f"sh{i}" for i in range(width, len(dtypes))
+    ]
     outs = [f"r{k}" for k in range(len(out_dtypes))]
     lines = [
         *(f"{C_TYPES[d]} r{k};" for k, d in enumerate(out_dtypes)),
@@ -99,7 +109,11 @@ def cross_entropy_kernel_source(dtype: str, label_dtype: str, mean: bool) -> tup
     long long count)``; the gradient of row ``r`` is ``upstream / count`` (``mean``) or
     ``upstream``. A label outside ``0 .. classes - 1`` gives NaN in its row.
     """
-    if dtype not in ("float16", "bfloat16", "float32", "float64") or label_dtype not in C_TYPES or label_dtype.startswith("f"):
+    if (
+        dtype not in ("float16", "bfloat16", "float32", "float64")
+        or label_dtype not in C_TYPES
+        or label_dtype.startswith("f")
+    ):
         return None
     t, s, lt = C_TYPES[dtype], STORAGE[dtype], C_TYPES[label_dtype]
     x, picked = load("z[c]", dtype, "raw"), load("z[y]", dtype, "raw")

@@ -106,4 +106,3 @@ def register(cupy, multiprocessors: int | None = None) -> tuple[UpdateKernels, C
     register_device_kernel(FUSED_UPDATE, updates)
     register_device_kernel(SCE_WITH_GRAD, cross_entropy)
     return updates, cross_entropy
-

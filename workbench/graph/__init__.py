@@ -16,7 +16,20 @@ from workbench.graph.passes import eliminate_common_subexpressions, fold_constan
 from workbench.graph.plan import Plan
 
 __all__ = [
-    "Graph", "Operation", "Plan", "Source", "Tensor", "Variable", "eliminate_common_subexpressions",
-    "fold_constants", "get_default_graph", "gradients", "group", "name_scope", "optimize", "prune",
-    "reset_default_graph", "validate",
-]  # fmt: skip
+    "Graph",
+    "Operation",
+    "Plan",
+    "Source",
+    "Tensor",
+    "Variable",
+    "eliminate_common_subexpressions",
+    "fold_constants",
+    "get_default_graph",
+    "gradients",
+    "group",
+    "name_scope",
+    "optimize",
+    "prune",
+    "reset_default_graph",
+    "validate",
+]

@@ -270,7 +270,9 @@ class Graph:
             raise GraphError(f"graph {self.name!r} already has an operation named {wanted!r}")
         for t in inputs:
             if t.graph is not self:
-                raise GraphError(f"{op_type} {scoped!r}: input {t.name!r} belongs to graph {t.graph.name!r}, not {self.name!r}")
+                raise GraphError(
+                    f"{op_type} {scoped!r}: input {t.name!r} belongs to graph {t.graph.name!r}, not {self.name!r}"
+                )
         try:
             specs = opdef.infer(*(t.spec for t in inputs), **attrs)
             specs = (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
@@ -344,7 +346,14 @@ class Graph:
 
 
 def _check_name(name: str) -> None:
-    if not isinstance(name, str) or not name or ":" in name or name.startswith("/") or name.endswith("/") or "\0" in name:
+    if (
+        not isinstance(name, str)
+        or not name
+        or ":" in name
+        or name.startswith("/")
+        or name.endswith("/")
+        or "\0" in name
+    ):
         raise GraphError(f"invalid name {name!r}: use a non-empty string without ':', NUL or a leading or trailing '/'")
 
 
@@ -462,4 +471,3 @@ def group(*inputs, name: str | None = None) -> Operation:
 def name_scope(name: str):
     """``with wb.name_scope("layer1"):`` prefixes op names in the default graph."""
     return get_default_graph().name_scope(name)
-

@@ -59,7 +59,13 @@ class Device(Protocol):
         """What ``Session.run`` hands back for a fetched device value."""
 
     def run(
-        self, plan, feeds: list, *, check_numerics: bool = False, step: int | None = None, row_offset: int = 0,
+        self,
+        plan,
+        feeds: list,
+        *,
+        check_numerics: bool = False,
+        step: int | None = None,
+        row_offset: int = 0,
         emit=None,
     ) -> list:
         """``plan.run(feeds, ...)`` on this device; returns the fetched device values. ``emit(event, **fields)``,

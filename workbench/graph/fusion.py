@@ -159,8 +159,14 @@ def _rebuild(graph, groups, owner, programs, inlined) -> Graph:
         if op in groups:
             program, inputs, _ = programs[op]
             control = _ordered({copies[c] for m in groups[op] for c in m.control_inputs if c in copies})
-            copy = new.add_op(FUSED, tuple(tensors[t] for t in inputs), {"program": program},
-                              name=op.name, control_inputs=control, source=op.source)  # fmt: skip
+            copy = new.add_op(
+                FUSED,
+                tuple(tensors[t] for t in inputs),
+                {"program": program},
+                name=op.name,
+                control_inputs=control,
+                source=op.source,
+            )
         else:
             control = [copies[c] for c in op.control_inputs if c in copies]
             inputs = tuple(tensors[t] for t in op.inputs)

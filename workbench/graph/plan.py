@@ -348,7 +348,9 @@ class Plan:
         values = [None if s is None else slots[s] for s in self.fetch_slots]
         if self.own_state:  # never hand out a variable's array: later updates write into it
             held = list(state.values())
-            values = [v if v is None or not any(_same_memory(v, h) for h in held) else _copy(self.xp, v) for v in values]
+            values = [
+                v if v is None or not any(_same_memory(v, h) for h in held) else _copy(self.xp, v) for v in values
+            ]
         return values
 
     def _run_checked(self, slots: list) -> None:
@@ -434,7 +436,9 @@ class _Lifetimes:
     def update_guard(self, i: int) -> tuple[int, ...]:
         """``guard(i)`` for a variable update: without the variable reads that no later step
         and no fetch needs, so an update may overwrite the array its own read still holds."""
-        return tuple(s for s in self.guard(i) if s not in self.reads or s in self.fetched or self.last_use.get(s, -1) > i)
+        return tuple(
+            s for s in self.guard(i) if s not in self.reads or s in self.fetched or self.last_use.get(s, -1) > i
+        )
 
     def donors(self, i: int, op: Operation, ins: list[int], outs: list[int]) -> tuple[int, ...]:
         """Input positions of step ``i`` whose arrays its in-place kernel may overwrite."""

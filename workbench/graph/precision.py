@@ -101,7 +101,9 @@ def mixed_precision(dtype: str = "float16") -> Iterator[str]:
     """
     name = as_dtype(dtype)
     if name not in COMPUTE_DTYPES + ("float32",):
-        raise DTypeError(f"mixed precision computes in {' or '.join(COMPUTE_DTYPES)} (or float32 for none), got {dtype!r}")
+        raise DTypeError(
+            f"mixed precision computes in {' or '.join(COMPUTE_DTYPES)} (or float32 for none), got {dtype!r}"
+        )
     _stack().append(None if name == "float32" else _Policy(name))
     try:
         yield name

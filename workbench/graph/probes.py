@@ -128,10 +128,14 @@ def _forward_ops(graph: Graph, records) -> list[Operation]:
             seen.add(op.name)
             todo += [t.op for t in op.inputs]
     return [
-        op for op in graph.operations
-        if op.name in seen and op.type not in _NOT_ACTIVATIONS and op.outputs and is_float(op.outputs[0].dtype)
+        op
+        for op in graph.operations
+        if op.name in seen
+        and op.type not in _NOT_ACTIVATIONS
+        and op.outputs
+        and is_float(op.outputs[0].dtype)
         and not op.name.startswith(SCOPE + "/")
-    ]  # fmt: skip
+    ]
 
 
 def _add(graph: Graph, target: str, stat: str, tensor: Tensor) -> None:

@@ -14,7 +14,11 @@ class Source(NamedTuple):
     code: str
 
     def __str__(self) -> str:
-        return f'File "{self.filename}", line {self.lineno}: {self.code}' if self.code else f'File "{self.filename}", line {self.lineno}'
+        return (
+            f'File "{self.filename}", line {self.lineno}: {self.code}'
+            if self.code
+            else f'File "{self.filename}", line {self.lineno}'
+        )
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,9 @@ def graph_to_json(graph: Graph, indent: int | None = None) -> str:
 def _encode(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         data = np.ascontiguousarray(value).tobytes()
-        return {"ndarray": {"dtype": value.dtype.name, "shape": list(value.shape), "data": base64.b64encode(data).decode()}}
+        return {
+            "ndarray": {"dtype": value.dtype.name, "shape": list(value.shape), "data": base64.b64encode(data).decode()}
+        }
     if isinstance(value, (tuple, list)):
         return [_encode(v) for v in value]
     if isinstance(value, (np.integer, np.floating, np.bool_)):
@@ -69,28 +71,39 @@ def graph_from_json(text: str | bytes, graph_cls: type[Graph]) -> Graph:
     except (ValueError, TypeError, RecursionError) as e:
         raise FormatError(f"not a graph file: invalid JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise FormatError(f"not a graph file: expected a JSON object with \"format\": \"{FORMAT}\"")
+        raise FormatError(f'not a graph file: expected a JSON object with "format": "{FORMAT}"')
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
         raise FormatError(f"unsupported graph file version {version!r}; this workbench reads versions 1 to {VERSION}")
     name = doc.get("name", "graph")
     operations = doc.get("operations")
     if not isinstance(name, str) or not isinstance(operations, list):
-        raise FormatError("graph file needs a string \"name\" and a list of \"operations\"")
+        raise FormatError('graph file needs a string "name" and a list of "operations"')
     graph = graph_cls(name=name)
     for i, record in enumerate(operations):
         try:
             _add(graph, record)
         except FormatError as e:
             raise FormatError(f"operation {i} of the graph file: {e}") from None
-        except (WorkbenchError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as e:
+        except (
+            WorkbenchError,
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+        ) as e:
             label = record.get("name") if isinstance(record, dict) else None
-            raise FormatError(f"operation {i} ({label!r}) of the graph file is invalid: {type(e).__name__}: {e}") from None
+            raise FormatError(
+                f"operation {i} ({label!r}) of the graph file is invalid: {type(e).__name__}: {e}"
+            ) from None
     aliases = doc.get("aliases", {})
     if not isinstance(aliases, dict) or not all(
         isinstance(k, str) and isinstance(v, str) and v in graph and k not in graph for k, v in aliases.items()
     ):  # an alias names a removed op and points to a kept one; it never shadows an op
-        raise FormatError("graph file has invalid \"aliases\"")
+        raise FormatError('graph file has invalid "aliases"')
     graph.set_aliases(aliases)
     graph.training = _training(doc.get("training", {}), graph)
     return graph
@@ -99,7 +112,7 @@ def graph_from_json(text: str | bytes, graph_cls: type[Graph]) -> Graph:
 def _training(value, graph: Graph) -> dict:
     """Validated optimizer records: every name must be in the graph."""
     if not isinstance(value, dict):
-        raise FormatError("graph file has invalid \"training\" records")
+        raise FormatError('graph file has invalid "training" records')
     out = {}
     for update, record in value.items():
         ok = isinstance(record, dict) and update in graph and isinstance(record.get("gradients"), list)
@@ -113,7 +126,7 @@ def _training(value, graph: Graph) -> dict:
         scale = record.get("loss_scale") if ok else None  # the variable of a dynamic loss scale
         ok = ok and (scale is None or (isinstance(scale, str) and scale in graph))
         if not ok:
-            raise FormatError(f"graph file has an invalid \"training\" record for {update!r}")
+            raise FormatError(f'graph file has an invalid "training" record for {update!r}')
         out[update] = TrainingRecord(update, tuple(tuple(p) for p in pairs), loss, scale or "")
     return out
 
@@ -123,7 +136,7 @@ def _add(graph: Graph, record) -> None:
         raise FormatError("is not a JSON object")
     name, kind = record.get("name"), record.get("type")
     if not isinstance(name, str) or not isinstance(kind, str):
-        raise FormatError("needs a string \"name\" and \"type\"")
+        raise FormatError('needs a string "name" and "type"')
     if kind not in REGISTRY:
         raise FormatError(f"{name!r} has unknown op type {kind!r}")
     if name in graph:
@@ -132,7 +145,7 @@ def _add(graph: Graph, record) -> None:
     control = [graph.operation(n) for n in _strings(record.get("control_inputs", []), "control_inputs")]
     attrs = record.get("attrs", {})
     if not isinstance(attrs, dict):
-        raise FormatError(f"{name!r} has \"attrs\" that are not an object")
+        raise FormatError(f'{name!r} has "attrs" that are not an object')
     attrs = {str(k): _decode(v) for k, v in attrs.items()}
     _check_attrs(kind, name, attrs)
     op = graph.add_op(kind, inputs, attrs, name=name, control_inputs=control, source=_source(record.get("source")))
@@ -158,14 +171,16 @@ def _check_attrs(kind: str, name: str, attrs: dict) -> None:
     if kind == "variable":
         init = attrs.get("init")
         if not (isinstance(init, (np.ndarray, float)) or init in INITIALIZERS) or isinstance(init, bool):
-            raise FormatError(f"{name!r} has initializer {init!r}; expected one of {', '.join(INITIALIZERS)}, a number or an array")
+            raise FormatError(
+                f"{name!r} has initializer {init!r}; expected one of {', '.join(INITIALIZERS)}, a number or an array"
+            )
         if not isinstance(attrs.get("trainable"), bool):
-            raise FormatError(f"{name!r} has \"trainable\" {attrs.get('trainable')!r}, not true or false")
+            raise FormatError(f'{name!r} has "trainable" {attrs.get("trainable")!r}, not true or false')
 
 
 def _strings(value, what: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise FormatError(f"\"{what}\" must be a list of names")
+        raise FormatError(f'"{what}" must be a list of names')
     return value
 
 
@@ -198,14 +213,16 @@ def _decode_array(spec: dict) -> np.ndarray:
         raise FormatError(f"array shape {shape!r} is not a list of non-negative ints")
     count = math.prod(shape)  # Python ints: no overflow
     if count > MAX_ELEMENTS or not isinstance(data, str):
-        raise FormatError("array is too large or has no base64 \"data\"")
+        raise FormatError('array is too large or has no base64 "data"')
     try:
         raw = base64.b64decode(data.encode("ascii"), validate=True)
     except (ValueError, UnicodeEncodeError) as e:
         raise FormatError(f"array data is not valid base64 ({e})") from None
     itemsize = np.dtype(dtype).itemsize
     if len(raw) != count * itemsize:
-        raise FormatError(f"array data holds {len(raw)} bytes; shape {tuple(shape)} of {dtype} needs {count * itemsize}")
+        raise FormatError(
+            f"array data holds {len(raw)} bytes; shape {tuple(shape)} of {dtype} needs {count * itemsize}"
+        )
     array = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     array.setflags(write=False)
     return array

@@ -71,8 +71,14 @@ def contract(graph: Graph, contractions: list[Contraction]) -> Graph:
 
     def copy(op: Operation) -> None:
         control = list(dict.fromkeys(copies[c] for c in op.control_inputs if c in copies))
-        made = new.add_op(op.type, tuple(tensors[t] for t in op.inputs), op.attrs, name=op.name,
-                          control_inputs=control, source=op.source)  # fmt: skip
+        made = new.add_op(
+            op.type,
+            tuple(tensors[t] for t in op.inputs),
+            op.attrs,
+            name=op.name,
+            control_inputs=control,
+            source=op.source,
+        )
         copies[op] = made
         tensors.update(zip(op.outputs, made.outputs))
 
@@ -85,8 +91,14 @@ def contract(graph: Graph, contractions: list[Contraction]) -> Graph:
         for h in c.hoist:
             copy(h)
         control = list(dict.fromkeys(copies[x] for m in c.absorbed for x in m.control_inputs if x in copies))
-        made = new.add_op(c.type, tuple(tensors[t] for t in c.inputs), c.attrs, name=c.name,
-                          control_inputs=control, source=c.at.source)  # fmt: skip
+        made = new.add_op(
+            c.type,
+            tuple(tensors[t] for t in c.inputs),
+            c.attrs,
+            name=c.name,
+            control_inputs=control,
+            source=c.at.source,
+        )
         copies.update(dict.fromkeys(c.absorbed, made))
         tensors.update({t: made.outputs[i] for t, i in c.outputs.items()})
     new._aliases = {a: t for a, t in graph._aliases.items() if t in new._by_name}
@@ -108,8 +120,9 @@ class Cluster:
     scalars: tuple = ()  # positions of one-element inputs read once (shared by a group's lanes)
 
 
-def fuse_updates(graph: Graph, keep: Iterable[str] = (), supported: Callable[[Operation], bool] | None = None,
-                 max_lanes: int = 32) -> Graph:  # fmt: skip
+def fuse_updates(
+    graph: Graph, keep: Iterable[str] = (), supported: Callable[[Operation], bool] | None = None, max_lanes: int = 32
+) -> Graph:
     """A copy of ``graph`` with its variable updates fused, one ``fused_update`` op per parameter group.
 
     Parameters
@@ -143,9 +156,14 @@ def _clusters(graph: Graph, uses, kept, supported) -> list[Cluster]:
     for op in graph.operations:
         if op.opdef.stateful and op.inputs and op.type != "variable":
             writes[op.inputs[0].op.name] = writes.get(op.inputs[0].op.name, 0) + 1
-    updates = [op for op in graph.operations
-               if op.type in UPDATE_STEPS and op.inputs[0].op.type == "variable" and writes[op.inputs[0].op.name] == 1
-               and op.name not in kept]  # fmt: skip
+    updates = [
+        op
+        for op in graph.operations
+        if op.type in UPDATE_STEPS
+        and op.inputs[0].op.type == "variable"
+        and writes[op.inputs[0].op.name] == 1
+        and op.name not in kept
+    ]
     controlled = {c for op in graph.operations for c in op.control_inputs}
     value_op = {u: _inlinable(u, uses, kept, controlled, supported) for u in updates}
     root = {u: u for u in updates}
@@ -270,12 +288,19 @@ def _update_contraction(graph: Graph, lanes: list[Cluster], names: set) -> Contr
     width = len(first.inputs) - len(scalars)
     order = [i for i in range(len(first.inputs)) if i not in scalars] + sorted(scalars)
     moved = {old: new for new, old in enumerate(order)}  # cluster input position -> lane program position
-    program = tuple((kind, tuple(_moved(r, moved) for r in refs), attrs, dtype) for kind, refs, attrs, dtype in first.program)
+    program = tuple(
+        (kind, tuple(_moved(r, moved) for r in refs), attrs, dtype) for kind, refs, attrs, dtype in first.program
+    )
     inputs = [c.inputs[i] for c in lanes for i in order[:width]] + [first.inputs[i] for i in order[width:]]
     outputs = {m.outputs[0]: lane * len(c.members) + k for lane, c in enumerate(lanes) for k, m in enumerate(c.members)}
     scope = first.members[0].name.rpartition("/")[0]
     name = _unused(graph, f"{scope}/fused_update" if scope else "fused_update", names)
-    attrs = {"program": program, "stores": tuple(_moved(r, moved) for r in first.stores), "lanes": len(lanes), "width": width}
+    attrs = {
+        "program": program,
+        "stores": tuple(_moved(r, moved) for r in first.stores),
+        "lanes": len(lanes),
+        "width": width,
+    }
     at = max((m for c in lanes for m in c.members), key=lambda o: o.index)
     absorbed = [op for c in lanes for op in (*c.members, *c.inlined)]
     return Contraction(at, FUSED_UPDATE, inputs, attrs, name, absorbed, outputs)
@@ -319,7 +344,12 @@ def _only_user(t: Tensor, uses) -> Operation | None:
 def _cross_entropy_contraction(sce: Operation, uses, kept) -> Contraction | None:
     loss, probs = sce.outputs
     grad = _only_user(probs, uses)
-    if grad is None or grad.type != "softmax_cross_entropy_grad" or grad.name in kept or grad.inputs[1] is not sce.inputs[1]:
+    if (
+        grad is None
+        or grad.type != "softmax_cross_entropy_grad"
+        or grad.name in kept
+        or grad.inputs[1] is not sce.inputs[1]
+    ):
         return None
     unreduce = grad.inputs[2].op
     if unreduce.type != "unreduce" or unreduce.inputs[1] is not loss or unreduce.name in kept:
@@ -330,8 +360,16 @@ def _cross_entropy_contraction(sce: Operation, uses, kept) -> Contraction | None
     hoist = _ancestors_after(upstream.op, sce)
     if hoist is None:
         return None
-    return Contraction(sce, SCE_WITH_GRAD, [*sce.inputs, upstream], dict(unreduce.attrs), sce.name,
-                       [sce, unreduce, grad], {loss: 0, grad.outputs[0]: 1}, hoist)  # fmt: skip
+    return Contraction(
+        sce,
+        SCE_WITH_GRAD,
+        [*sce.inputs, upstream],
+        dict(unreduce.attrs),
+        sce.name,
+        [sce, unreduce, grad],
+        {loss: 0, grad.outputs[0]: 1},
+        hoist,
+    )
 
 
 def _ancestors_after(op: Operation, start: Operation) -> list[Operation] | None:

@@ -43,12 +43,18 @@ def _reshape_like_spec(x: TensorSpec, like: TensorSpec) -> TensorSpec:
     return TensorSpec(like.shape, x.dtype)
 
 
-defop("reshape", infer=_reshape_spec,
-      kernel=lambda xp, x, *, shape: xp.reshape(x, shape),
-      grad=lambda op, g: (reshape_like(g, op.inputs[0]),))
-defop("reshape_like", infer=_reshape_like_spec,
-      kernel=lambda xp, x, like: xp.reshape(x, like.shape),
-      grad=lambda op, g: (reshape_like(g, op.inputs[0]), None))  # fmt: skip
+defop(
+    "reshape",
+    infer=_reshape_spec,
+    kernel=lambda xp, x, *, shape: xp.reshape(x, shape),
+    grad=lambda op, g: (reshape_like(g, op.inputs[0]),),
+)
+defop(
+    "reshape_like",
+    infer=_reshape_like_spec,
+    kernel=lambda xp, x, like: xp.reshape(x, like.shape),
+    grad=lambda op, g: (reshape_like(g, op.inputs[0]), None),
+)
 
 
 def transpose(x, perm=None, name=None):
@@ -72,9 +78,12 @@ def _transpose_grad(op, g):
     return (transpose(g, tuple(int(i) for i in np.argsort(perm))),)
 
 
-defop("transpose", infer=_transpose_spec,
-      kernel=lambda xp, x, *, perm: xp.permute_dims(x, _perm(perm, x.ndim)),
-      grad=_transpose_grad)  # fmt: skip
+defop(
+    "transpose",
+    infer=_transpose_spec,
+    kernel=lambda xp, x, *, perm: xp.permute_dims(x, _perm(perm, x.ndim)),
+    grad=_transpose_grad,
+)
 
 
 def expand_dims(x, axis, name=None):
@@ -87,9 +96,12 @@ def _expand_dims_spec(x: TensorSpec, *, axis) -> TensorSpec:
     return TensorSpec(x.shape[:axis] + (1,) + x.shape[axis:], x.dtype)
 
 
-defop("expand_dims", infer=_expand_dims_spec,
-      kernel=lambda xp, x, *, axis: xp.expand_dims(x, axis=axis),
-      grad=lambda op, g: (reshape_like(g, op.inputs[0]),))  # fmt: skip
+defop(
+    "expand_dims",
+    infer=_expand_dims_spec,
+    kernel=lambda xp, x, *, axis: xp.expand_dims(x, axis=axis),
+    grad=lambda op, g: (reshape_like(g, op.inputs[0]),),
+)
 
 # -- concat, stack ----------------------------------------------------------------
 
@@ -115,9 +127,7 @@ def _concat_spec(*specs: TensorSpec, axis) -> TensorSpec:
             continue
         known = {d for d in dims if d is not None}
         if len(known) > 1:
-            raise ShapeError(
-                f"shapes {', '.join(rules.fmt(s.shape) for s in specs)} differ outside axis {axis}"
-            )
+            raise ShapeError(f"shapes {', '.join(rules.fmt(s.shape) for s in specs)} differ outside axis {axis}")
         out.append(known.pop() if known else None)
     return TensorSpec(tuple(out), dtype)
 
@@ -135,9 +145,13 @@ def _concat_grad(op, g):
     return tuple(grads)
 
 
-defop("concat", infer=_concat_spec, variadic=True,
-      kernel=lambda xp, *xs, axis: xp.concat(xs, axis=axis),
-      grad=_concat_grad)  # fmt: skip
+defop(
+    "concat",
+    infer=_concat_spec,
+    variadic=True,
+    kernel=lambda xp, *xs, axis: xp.concat(xs, axis=axis),
+    grad=_concat_grad,
+)
 
 
 def concat_part(g, *values, index, axis, name=None):
@@ -152,10 +166,13 @@ def _concat_part_kernel(xp, g, *values, index, axis):
     return g[(slice(None),) * axis + (slice(start, start + values[index].shape[axis]), Ellipsis)]
 
 
-defop("concat_part", variadic=True,
-      infer=lambda g, *values, index, axis: TensorSpec(values[index].shape, g.dtype),
-      kernel=_concat_part_kernel,
-      nondiff="gradient helper of concat for run-time sizes; second derivatives are not supported")  # fmt: skip
+defop(
+    "concat_part",
+    variadic=True,
+    infer=lambda g, *values, index, axis: TensorSpec(values[index].shape, g.dtype),
+    kernel=_concat_part_kernel,
+    nondiff="gradient helper of concat for run-time sizes; second derivatives are not supported",
+)
 
 
 def stack(values, axis=0, name=None):
@@ -183,9 +200,7 @@ def _stack_grad(op, g):
     return tuple(g[(slice(None),) * axis + (i,)] for i in range(len(op.inputs)))
 
 
-defop("stack", infer=_stack_spec, variadic=True,
-      kernel=lambda xp, *xs, axis: xp.stack(xs, axis=axis),
-      grad=_stack_grad)  # fmt: skip
+defop("stack", infer=_stack_spec, variadic=True, kernel=lambda xp, *xs, axis: xp.stack(xs, axis=axis), grad=_stack_grad)
 
 # -- indexing ---------------------------------------------------------------------
 
@@ -303,13 +318,18 @@ def _without_newaxes(xp, index, g, ndim):
     return tuple(keys), xp.reshape(g, tuple(shape))
 
 
-defop("getitem", infer=_getitem_spec,
-      kernel=lambda xp, x, *, index: x[decode_index(index)],
-      grad=lambda op, g: (getitem_grad(g, op.inputs[0], op.attrs["index"]),))
-defop("getitem_grad",
-      infer=lambda g, x, *, index: TensorSpec(x.shape, g.dtype),
-      kernel=_getitem_grad_kernel,
-      grad=lambda op, gg: (apply("getitem", gg, index=op.attrs["index"]), None))  # fmt: skip
+defop(
+    "getitem",
+    infer=_getitem_spec,
+    kernel=lambda xp, x, *, index: x[decode_index(index)],
+    grad=lambda op, g: (getitem_grad(g, op.inputs[0], op.attrs["index"]),),
+)
+defop(
+    "getitem_grad",
+    infer=lambda g, x, *, index: TensorSpec(x.shape, g.dtype),
+    kernel=_getitem_grad_kernel,
+    grad=lambda op, gg: (apply("getitem", gg, index=op.attrs["index"]), None),
+)
 
 # -- gather, one_hot ----------------------------------------------------------------
 
@@ -376,12 +396,19 @@ def _gather_grad_kernel(xp, g, params, indices, *, axis):
     return xp.permute_dims(out, inverse)
 
 
-defop("gather", infer=_gather_spec, kernel=_gather_kernel, checks_values=True,
-      grad=lambda op, g: (gather_grad(g, *op.inputs, axis=op.attrs["axis"]), None))
-defop("gather_grad",
-      infer=lambda g, params, indices, *, axis: TensorSpec(params.shape, g.dtype),
-      kernel=_gather_grad_kernel,
-      grad=lambda op, gg: (gather(gg, op.inputs[2], axis=op.attrs["axis"]), None, None))  # fmt: skip
+defop(
+    "gather",
+    infer=_gather_spec,
+    kernel=_gather_kernel,
+    checks_values=True,
+    grad=lambda op, g: (gather_grad(g, *op.inputs, axis=op.attrs["axis"]), None),
+)
+defop(
+    "gather_grad",
+    infer=lambda g, params, indices, *, axis: TensorSpec(params.shape, g.dtype),
+    kernel=_gather_grad_kernel,
+    grad=lambda op, gg: (gather(gg, op.inputs[2], axis=op.attrs["axis"]), None, None),
+)
 
 
 def one_hot(indices, depth, dtype="float32", name=None):

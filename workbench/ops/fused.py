@@ -109,5 +109,10 @@ def _fused_kernel(xp, *arrays, program, compilers: Sequence[Callable] = ()):
     return run_program(xp, program, arrays)
 
 
-defop(FUSED, infer=_fused_spec, kernel=_fused_kernel, variadic=True,
-      nondiff="made by the fusion pass, which runs after differentiation")  # fmt: skip
+defop(
+    FUSED,
+    infer=_fused_spec,
+    kernel=_fused_kernel,
+    variadic=True,
+    nondiff="made by the fusion pass, which runs after differentiation",
+)

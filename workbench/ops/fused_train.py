@@ -28,7 +28,14 @@ from __future__ import annotations
 
 from workbench.errors import DTypeError, ShapeError
 from workbench.ops import rules
-from workbench.ops.fused import DEVICE_KERNELS, device_kernel, infer_step, program_values, register_device_kernel, step_values
+from workbench.ops.fused import (
+    DEVICE_KERNELS,
+    device_kernel,
+    infer_step,
+    program_values,
+    register_device_kernel,
+    step_values,
+)
 from workbench.ops.math import _unreduce_kernel, _unreduce_spec
 from workbench.ops.nn import _sce_grad_kernel, _sce_kernel, _sce_spec
 from workbench.ops.array import check_indices
@@ -64,8 +71,10 @@ def _update_spec(*specs: TensorSpec, program, stores, lanes, width) -> tuple:
             if value.dtype != var.dtype:
                 raise DTypeError(f"lane {lane}: a {value.dtype} value cannot update {var.dtype} variable {k}")
             if rules.broadcast(var.shape, value.shape) != tuple(var.shape):
-                raise ShapeError(f"lane {lane}: a value of shape {rules.fmt(value.shape)} cannot update "
-                                 f"variable {k} of shape {rules.fmt(var.shape)}")  # fmt: skip
+                raise ShapeError(
+                    f"lane {lane}: a value of shape {rules.fmt(value.shape)} cannot update "
+                    f"variable {k} of shape {rules.fmt(var.shape)}"
+                )
             out.append(var)
     return tuple(out)
 
@@ -107,8 +116,16 @@ def _update_into(xp, _out, *arrays, program, stores, lanes, width):
     return tuple(outs)
 
 
-defop(FUSED_UPDATE, infer=_update_spec, kernel=_update_kernel, inplace=_update_into, writes=update_writes,
-      stateful=True, variadic=True, nondiff=_PASS)  # fmt: skip
+defop(
+    FUSED_UPDATE,
+    infer=_update_spec,
+    kernel=_update_kernel,
+    inplace=_update_into,
+    writes=update_writes,
+    stateful=True,
+    variadic=True,
+    nondiff=_PASS,
+)
 
 
 # -- softmax_cross_entropy_with_grad ---------------------------------------------------------
@@ -123,7 +140,9 @@ def _sce_with_grad_spec(logits: TensorSpec, labels: TensorSpec, upstream: Tensor
 
 
 def _sce_with_grad_kernel(xp, logits, labels, upstream, *, axis, keepdims, mean):
-    fast = device_kernel(SCE_WITH_GRAD, xp, (logits, labels, upstream), {"axis": axis, "keepdims": keepdims, "mean": mean})
+    fast = device_kernel(
+        SCE_WITH_GRAD, xp, (logits, labels, upstream), {"axis": axis, "keepdims": keepdims, "mean": mean}
+    )
     if fast is not None:
         check_indices(xp, labels, logits.shape[-1], "label")  # the generated kernel would read any row
         return fast(logits, labels, upstream)
@@ -132,9 +151,22 @@ def _sce_with_grad_kernel(xp, logits, labels, upstream, *, axis, keepdims, mean)
     return loss, _sce_grad_kernel(xp, probs, labels, g)
 
 
-defop(SCE_WITH_GRAD, infer=_sce_with_grad_spec, kernel=_sce_with_grad_kernel, num_outputs=2, nondiff=_PASS,
-      checks_values=True)  # fmt: skip
+defop(
+    SCE_WITH_GRAD,
+    infer=_sce_with_grad_spec,
+    kernel=_sce_with_grad_kernel,
+    num_outputs=2,
+    nondiff=_PASS,
+    checks_values=True,
+)
 
 
-__all__ = ["DEVICE_KERNELS", "FUSED_UPDATE", "SCE_WITH_GRAD", "lane_inputs", "lane_values", "register_device_kernel",
-           "update_writes"]  # fmt: skip
+__all__ = [
+    "DEVICE_KERNELS",
+    "FUSED_UPDATE",
+    "SCE_WITH_GRAD",
+    "lane_inputs",
+    "lane_values",
+    "register_device_kernel",
+    "update_writes",
+]

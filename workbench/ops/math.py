@@ -103,27 +103,40 @@ def _select_grad(op, g):
     return where(pick_a, g, zero), where(pick_a, zero, g)
 
 
-defop("add", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: a + b, inplace=_add_into,
-      grad=lambda op, g: (g, g))
-defop("subtract", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: a - b, inplace=_subtract_into,
-      grad=lambda op, g: (g, negative(g)))
-defop("multiply", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: a * b, inplace=_multiply_into,
-      grad=lambda op, g: (g * op.inputs[1], g * op.inputs[0]))
-defop("divide", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: a / b,
-      grad=lambda op, g: (g / op.inputs[1], negative(g) * op.outputs[0] / op.inputs[1]))
-defop("pow", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: xp.pow(a, b),
-      grad=_pow_grad)
-defop("maximum", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: xp.maximum(a, b),
-      grad=_select_grad)
-defop("minimum", infer=_binary_spec, elementwise=True,
-      kernel=lambda xp, a, b: xp.minimum(a, b),
-      grad=_select_grad)  # fmt: skip
+defop(
+    "add",
+    infer=_binary_spec,
+    elementwise=True,
+    kernel=lambda xp, a, b: a + b,
+    inplace=_add_into,
+    grad=lambda op, g: (g, g),
+)
+defop(
+    "subtract",
+    infer=_binary_spec,
+    elementwise=True,
+    kernel=lambda xp, a, b: a - b,
+    inplace=_subtract_into,
+    grad=lambda op, g: (g, negative(g)),
+)
+defop(
+    "multiply",
+    infer=_binary_spec,
+    elementwise=True,
+    kernel=lambda xp, a, b: a * b,
+    inplace=_multiply_into,
+    grad=lambda op, g: (g * op.inputs[1], g * op.inputs[0]),
+)
+defop(
+    "divide",
+    infer=_binary_spec,
+    elementwise=True,
+    kernel=lambda xp, a, b: a / b,
+    grad=lambda op, g: (g / op.inputs[1], negative(g) * op.outputs[0] / op.inputs[1]),
+)
+defop("pow", infer=_binary_spec, elementwise=True, kernel=lambda xp, a, b: xp.pow(a, b), grad=_pow_grad)
+defop("maximum", infer=_binary_spec, elementwise=True, kernel=lambda xp, a, b: xp.maximum(a, b), grad=_select_grad)
+defop("minimum", infer=_binary_spec, elementwise=True, kernel=lambda xp, a, b: xp.minimum(a, b), grad=_select_grad)
 
 # -- comparisons (boolean outputs, no gradient) ---------------------------------
 
@@ -255,36 +268,68 @@ def _zero_grad(op, g):
     return (None,)
 
 
-defop("negative", infer=_same_spec, elementwise=True,
-      kernel=lambda xp, x: -x,
-      grad=lambda op, g: (negative(g),))
-defop("exp", infer=_unary_float_spec, elementwise=True,
-      kernel=lambda xp, x: xp.exp(x),
-      grad=lambda op, g: (g * op.outputs[0],))
-defop("log", infer=_unary_float_spec, elementwise=True,
-      kernel=lambda xp, x: xp.log(x),
-      grad=lambda op, g: (g / op.inputs[0],))
-defop("sqrt", infer=_unary_float_spec, elementwise=True,
-      kernel=lambda xp, x: xp.sqrt(x),
-      grad=lambda op, g: (g / (2 * op.outputs[0]),))
-defop("tanh", infer=_unary_float_spec, elementwise=True,
-      kernel=lambda xp, x: xp.tanh(x),
-      grad=lambda op, g: (g * (1 - op.outputs[0] * op.outputs[0]),))
-defop("sigmoid", infer=_unary_float_spec, elementwise=True,
-      kernel=lambda xp, x: 0.5 * xp.tanh(0.5 * x) + 0.5,  # tanh form: no overflow for large |x|
-      grad=lambda op, g: (g * op.outputs[0] * (1 - op.outputs[0]),))
-defop("relu", infer=_unary_float_spec, elementwise=True,
-      kernel=lambda xp, x: xp.maximum(x, 0), inplace=lambda xp, out, x: xp.maximum(x, 0, out=out),
-      grad=_relu_grad)
-defop("relu_grad", infer=_binary_spec, elementwise=True,
-      kernel=_relu_grad_kernel, inplace=_relu_grad_into,
-      grad=lambda op, gg: (relu_grad(gg, op.inputs[1]), None))  # zero with respect to y, where it exists
-defop("abs", infer=_same_spec, elementwise=True,
-      kernel=lambda xp, x: xp.abs(x),
-      grad=lambda op, g: (g * sign(op.inputs[0]),))
-defop("sign", infer=_same_spec, elementwise=True,
-      kernel=lambda xp, x: xp.sign(x),
-      grad=_zero_grad)  # fmt: skip - piecewise constant: zero gradient wherever it exists
+defop("negative", infer=_same_spec, elementwise=True, kernel=lambda xp, x: -x, grad=lambda op, g: (negative(g),))
+defop(
+    "exp",
+    infer=_unary_float_spec,
+    elementwise=True,
+    kernel=lambda xp, x: xp.exp(x),
+    grad=lambda op, g: (g * op.outputs[0],),
+)
+defop(
+    "log",
+    infer=_unary_float_spec,
+    elementwise=True,
+    kernel=lambda xp, x: xp.log(x),
+    grad=lambda op, g: (g / op.inputs[0],),
+)
+defop(
+    "sqrt",
+    infer=_unary_float_spec,
+    elementwise=True,
+    kernel=lambda xp, x: xp.sqrt(x),
+    grad=lambda op, g: (g / (2 * op.outputs[0]),),
+)
+defop(
+    "tanh",
+    infer=_unary_float_spec,
+    elementwise=True,
+    kernel=lambda xp, x: xp.tanh(x),
+    grad=lambda op, g: (g * (1 - op.outputs[0] * op.outputs[0]),),
+)
+defop(
+    "sigmoid",
+    infer=_unary_float_spec,
+    elementwise=True,
+    kernel=lambda xp, x: 0.5 * xp.tanh(0.5 * x) + 0.5,  # tanh form: no overflow for large |x|
+    grad=lambda op, g: (g * op.outputs[0] * (1 - op.outputs[0]),),
+)
+defop(
+    "relu",
+    infer=_unary_float_spec,
+    elementwise=True,
+    kernel=lambda xp, x: xp.maximum(x, 0),
+    inplace=lambda xp, out, x: xp.maximum(x, 0, out=out),
+    grad=_relu_grad,
+)
+defop(
+    "relu_grad",
+    infer=_binary_spec,
+    elementwise=True,
+    kernel=_relu_grad_kernel,
+    inplace=_relu_grad_into,
+    grad=lambda op, gg: (relu_grad(gg, op.inputs[1]), None),
+)  # zero with respect to y, where it exists
+defop(
+    "abs",
+    infer=_same_spec,
+    elementwise=True,
+    kernel=lambda xp, x: xp.abs(x),
+    grad=lambda op, g: (g * sign(op.inputs[0]),),
+)
+defop(
+    "sign", infer=_same_spec, elementwise=True, kernel=lambda xp, x: xp.sign(x), grad=_zero_grad
+)  # piecewise constant: zero gradient wherever it exists
 
 # -- where, cast, identity ------------------------------------------------------
 
@@ -311,9 +356,14 @@ def _where_into(xp, out, c, a, b):
     return out
 
 
-defop("where", infer=_where_spec, elementwise=True,
-      kernel=lambda xp, c, a, b: xp.where(c, a, b), inplace=_where_into,
-      grad=_where_grad)  # fmt: skip
+defop(
+    "where",
+    infer=_where_spec,
+    elementwise=True,
+    kernel=lambda xp, c, a, b: xp.where(c, a, b),
+    inplace=_where_into,
+    grad=_where_grad,
+)
 
 
 def cast(x, dtype, name=None):
@@ -326,9 +376,13 @@ def _cast_grad(op, g):
     return (cast(g, x.dtype) if is_float(x.dtype) and is_float(op.attrs["dtype"]) else None,)
 
 
-defop("cast", infer=lambda x, *, dtype: TensorSpec(x.shape, dtype), elementwise=True,
-      kernel=lambda xp, x, *, dtype: xp.astype(x, getattr(xp, dtype)),
-      grad=_cast_grad)  # fmt: skip
+defop(
+    "cast",
+    infer=lambda x, *, dtype: TensorSpec(x.shape, dtype),
+    elementwise=True,
+    kernel=lambda xp, x, *, dtype: xp.astype(x, getattr(xp, dtype)),
+    grad=_cast_grad,
+)
 
 
 def identity(x, name=None):
@@ -352,12 +406,13 @@ def ones_like(x, name=None):
 
 
 defop("identity", infer=_same_spec, kernel=lambda xp, x: x, grad=lambda op, g: (g,))
-defop("stop_gradient", infer=_same_spec, kernel=lambda xp, x: x,
-      grad=_zero_grad)  # stops gradients by definition
-defop("zeros_like", infer=_same_spec, kernel=lambda xp, x: xp.zeros_like(x),
-      grad=_zero_grad)  # its output does not depend on the input's values
-defop("ones_like", infer=_same_spec, kernel=lambda xp, x: xp.ones_like(x),
-      grad=_zero_grad)  # fmt: skip - the output does not depend on the input's values
+defop("stop_gradient", infer=_same_spec, kernel=lambda xp, x: x, grad=_zero_grad)  # stops gradients by definition
+defop(
+    "zeros_like", infer=_same_spec, kernel=lambda xp, x: xp.zeros_like(x), grad=_zero_grad
+)  # its output does not depend on the input's values
+defop(
+    "ones_like", infer=_same_spec, kernel=lambda xp, x: xp.ones_like(x), grad=_zero_grad
+)  # the output does not depend on the input's values
 
 # -- matmul ---------------------------------------------------------------------
 
@@ -447,15 +502,24 @@ def _max_grad(op, g):
     return (is_max * unreduce(g, x, axis=axis, keepdims=keepdims) / ties,)
 
 
-defop("sum", infer=_sum_spec,  # dtype=: small ints would otherwise sum to int64
-      kernel=lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype),
-      grad=lambda op, g: (unreduce(g, op.inputs[0], **op.attrs),))
-defop("mean", infer=_mean_spec,
-      kernel=lambda xp, x, *, axis, keepdims: xp.mean(x, axis=axis, keepdims=keepdims),
-      grad=lambda op, g: (unreduce(g, op.inputs[0], mean=True, **op.attrs),))
-defop("max", infer=_reduce_spec,
-      kernel=lambda xp, x, *, axis, keepdims: xp.max(x, axis=axis, keepdims=keepdims),
-      grad=_max_grad)  # fmt: skip
+defop(
+    "sum",
+    infer=_sum_spec,  # dtype=: small ints would otherwise sum to int64
+    kernel=lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype),
+    grad=lambda op, g: (unreduce(g, op.inputs[0], **op.attrs),),
+)
+defop(
+    "mean",
+    infer=_mean_spec,
+    kernel=lambda xp, x, *, axis, keepdims: xp.mean(x, axis=axis, keepdims=keepdims),
+    grad=lambda op, g: (unreduce(g, op.inputs[0], mean=True, **op.attrs),),
+)
+defop(
+    "max",
+    infer=_reduce_spec,
+    kernel=lambda xp, x, *, axis, keepdims: xp.max(x, axis=axis, keepdims=keepdims),
+    grad=_max_grad,
+)
 
 
 def argmax(x, axis=-1, keepdims=False, name=None):
@@ -500,8 +564,12 @@ def _all_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
     return _reduce_spec(x, axis=axis, keepdims=keepdims)
 
 
-defop("all", infer=_all_spec, nondiff=_BOOLEAN,
-      kernel=lambda xp, x, *, axis, keepdims: xp.all(x, axis=axis, keepdims=keepdims))  # fmt: skip
+defop(
+    "all",
+    infer=_all_spec,
+    nondiff=_BOOLEAN,
+    kernel=lambda xp, x, *, axis, keepdims: xp.all(x, axis=axis, keepdims=keepdims),
+)
 
 # -- broadcasting helpers used by gradients ----------------------------------------------
 
@@ -561,7 +629,9 @@ def _reduce_to_like_kernel(xp, g, x):
         return g
     lead = g.ndim - x.ndim
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(x.shape) if d == 1 and g.shape[lead + i] != 1)
-    if x.ndim and builtins.all(a < lead for a in axes):  # already x's shape, and not a view: later steps may write into it
+    if x.ndim and builtins.all(
+        a < lead for a in axes
+    ):  # already x's shape, and not a view: later steps may write into it
         return xp.sum(g, axis=axes)
     return xp.reshape(xp.sum(g, axis=axes, keepdims=True), x.shape)
 
@@ -573,8 +643,15 @@ def _broadcast_like_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:
     return TensorSpec(b.shape, a.dtype)
 
 
-defop("reduce_to_like", infer=_reduce_to_like_spec, kernel=_reduce_to_like_kernel,
-      grad=lambda op, gg: (broadcast_like(gg, op.inputs[0]), None))
-defop("broadcast_like", infer=_broadcast_like_spec,
-      kernel=lambda xp, a, b: xp.broadcast_to(a, b.shape),
-      grad=lambda op, gg: (reduce_to_like(gg, op.inputs[0]), None))  # fmt: skip
+defop(
+    "reduce_to_like",
+    infer=_reduce_to_like_spec,
+    kernel=_reduce_to_like_kernel,
+    grad=lambda op, gg: (broadcast_like(gg, op.inputs[0]), None),
+)
+defop(
+    "broadcast_like",
+    infer=_broadcast_like_spec,
+    kernel=lambda xp, a, b: xp.broadcast_to(a, b.shape),
+    grad=lambda op, gg: (reduce_to_like(gg, op.inputs[0]), None),
+)

@@ -104,10 +104,12 @@ def _sce_grad_kernel(xp, probs, labels, g):
 
 
 defop("softmax_cross_entropy", infer=_sce_spec, kernel=_sce_kernel, grad=_sce_grad, num_outputs=2, checks_values=True)
-defop("softmax_cross_entropy_grad",
-      infer=lambda probs, labels, g: probs,
-      kernel=_sce_grad_kernel,
-      nondiff="gradient of the cross-entropy; second derivatives are not supported")  # fmt: skip
+defop(
+    "softmax_cross_entropy_grad",
+    infer=lambda probs, labels, g: probs,
+    kernel=_sce_grad_kernel,
+    nondiff="gradient of the cross-entropy; second derivatives are not supported",
+)
 
 # -- convolution and pooling (NCHW) ---------------------------------------------------
 
@@ -271,10 +273,18 @@ def _conv_filter_grad_grad(op, gg):
 
 
 defop("conv2d", infer=_conv_spec, kernel=_conv_kernel, grad=_conv_grad)
-defop("conv2d_input_grad", infer=lambda g, x, w, **_: TensorSpec(x.shape, g.dtype),
-      kernel=_conv_input_grad_kernel, grad=_conv_input_grad_grad)
-defop("conv2d_filter_grad", infer=lambda x, g, w, **_: TensorSpec(w.shape, g.dtype),
-      kernel=_conv_filter_grad_kernel, grad=_conv_filter_grad_grad)  # fmt: skip
+defop(
+    "conv2d_input_grad",
+    infer=lambda g, x, w, **_: TensorSpec(x.shape, g.dtype),
+    kernel=_conv_input_grad_kernel,
+    grad=_conv_input_grad_grad,
+)
+defop(
+    "conv2d_filter_grad",
+    infer=lambda x, g, w, **_: TensorSpec(w.shape, g.dtype),
+    kernel=_conv_filter_grad_kernel,
+    grad=_conv_filter_grad_grad,
+)
 
 
 def max_pool2d(x, size, stride=None, padding="valid", name=None):
@@ -318,8 +328,12 @@ def _pool_grad(op, g):
 
 
 defop("max_pool2d", infer=_pool_spec, kernel=_pool_kernel, grad=_pool_grad)
-defop("max_pool2d_grad", infer=lambda g, x, **_: TensorSpec(x.shape, g.dtype), kernel=_pool_grad_kernel,
-      nondiff="gradient of max_pool2d; second derivatives are not supported")  # fmt: skip
+defop(
+    "max_pool2d_grad",
+    infer=lambda g, x, **_: TensorSpec(x.shape, g.dtype),
+    kernel=_pool_grad_kernel,
+    nondiff="gradient of max_pool2d; second derivatives are not supported",
+)
 
 # -- dropout -------------------------------------------------------------------------------
 

@@ -109,9 +109,16 @@ def apply(op_type: str, *inputs: Any, name: str | None = None, **attrs: Any) -> 
 # -- dtypes ---------------------------------------------------------------------
 
 DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8",
-    "float16", "float32", "float64",
-)  # fmt: skip
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "float16",
+    "float32",
+    "float64",
+)
 FLOATS = ("float16", "float32", "float64")
 INTS = ("int8", "int16", "int32", "int64", "uint8")
 
@@ -144,7 +151,9 @@ def cast_exactly(array, dtype: str, what: str):
         info = np.iinfo(target)
         for value in (array.min(), array.max()):
             if not info.min <= int(value) <= info.max:
-                raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {int(value)} that {dtype} cannot hold")
+                raise FeedError(
+                    f"{what} expects {dtype} values, got {array.dtype} value {int(value)} that {dtype} cannot hold"
+                )
     with np.errstate(over="ignore"):  # an overflow is reported below, with the placeholder's name
         converted = array.astype(target)
     if target.kind == "f" and array.size:

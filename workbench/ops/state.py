@@ -47,8 +47,12 @@ def constant_array(value, dtype=None) -> np.ndarray:
     return array
 
 
-defop("constant", infer=lambda *, value: TensorSpec(value.shape, value.dtype.name),
-      kernel=lambda xp, *, value: xp.asarray(value), nondiff=_INPUT)  # fmt: skip
+defop(
+    "constant",
+    infer=lambda *, value: TensorSpec(value.shape, value.dtype.name),
+    kernel=lambda xp, *, value: xp.asarray(value),
+    nondiff=_INPUT,
+)
 
 # -- variables ------------------------------------------------------------------------
 
@@ -152,7 +156,9 @@ def assign_sub(var, delta, name=None):
 def _assign_spec(var: TensorSpec, value: TensorSpec) -> TensorSpec:
     rules.same_dtype(var, value)
     if rules.broadcast(var.shape, value.shape) != tuple(var.shape):
-        raise ShapeError(f"cannot assign a value of shape {rules.fmt(value.shape)} to a variable of shape {rules.fmt(var.shape)}")
+        raise ShapeError(
+            f"cannot assign a value of shape {rules.fmt(value.shape)} to a variable of shape {rules.fmt(var.shape)}"
+        )
     return var
 
 
@@ -184,10 +190,21 @@ def _assign_into(xp, out, current, value):
     return out
 
 
-defop("assign", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
-      kernel=_assign_kernel, inplace=_assign_into)
-defop("assign_add", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
-      kernel=lambda xp, current, delta: current + delta, inplace=_add_into)
-defop("assign_sub", infer=_assign_spec, stateful=True, nondiff=_UPDATE,
-      kernel=lambda xp, current, delta: current - delta, inplace=_subtract_into)
-defop("no_op", infer=lambda: (), kernel=None, nondiff="does nothing", num_outputs=0)  # fmt: skip
+defop("assign", infer=_assign_spec, stateful=True, nondiff=_UPDATE, kernel=_assign_kernel, inplace=_assign_into)
+defop(
+    "assign_add",
+    infer=_assign_spec,
+    stateful=True,
+    nondiff=_UPDATE,
+    kernel=lambda xp, current, delta: current + delta,
+    inplace=_add_into,
+)
+defop(
+    "assign_sub",
+    infer=_assign_spec,
+    stateful=True,
+    nondiff=_UPDATE,
+    kernel=lambda xp, current, delta: current - delta,
+    inplace=_subtract_into,
+)
+defop("no_op", infer=lambda: (), kernel=None, nondiff="does nothing", num_outputs=0)

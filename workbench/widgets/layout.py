@@ -62,7 +62,9 @@ def default_collapsed(graph: Graph, fold_over: int = FOLD_OVER) -> list[str]:
     sizes: dict[str, int] = {}
     for op in graph.operations:
         scopes = scopes_of(op.name)
-        if scopes and (scopes[0] in ("gradients", "stats") or scopes[0].startswith("gradients_") or op.type in _UPDATES):
+        if scopes and (
+            scopes[0] in ("gradients", "stats") or scopes[0].startswith("gradients_") or op.type in _UPDATES
+        ):
             system.add(scopes[0])
         for scope in scopes:
             sizes[scope] = sizes.get(scope, 0) + 1
@@ -131,8 +133,9 @@ def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
     _position("", blocks, nodes, 0, 0)
     boxes = [
         {"scope": scope, "x": b["x"], "y": b["y"], "w": b["w"], "h": b["h"], "depth": scope.count("/")}
-        for scope, b in blocks.items() if scope
-    ]  # fmt: skip
+        for scope, b in blocks.items()
+        if scope
+    ]
     return {
         "name": graph.name,
         "nodes": list(nodes.values()),
@@ -158,10 +161,18 @@ def group_states(states: dict[str, str], collapsed=()) -> dict[str, str]:
 
 def _group_node(scope: str) -> dict[str, Any]:
     return {
-        "id": scope, "label": scope.rsplit("/", 1)[-1], "type": "scope", "kind": "scope", "shape": "",
-        "dtype": "", "outputs": [], "inputs": [], "source": None, "members": 0,
+        "id": scope,
+        "label": scope.rsplit("/", 1)[-1],
+        "type": "scope",
+        "kind": "scope",
+        "shape": "",
+        "dtype": "",
+        "outputs": [],
+        "inputs": [],
+        "source": None,
+        "members": 0,
         "scope": "/".join(scope.split("/")[:-1]),
-    }  # fmt: skip
+    }
 
 
 def _shape(shape) -> str:

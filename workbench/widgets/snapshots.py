@@ -22,10 +22,24 @@ from workbench.widgets.statistics import stat_fill
 from workbench.widgets.svg import BORDER, COLORS, INK, MUTED, document, duration, element, line_chart, number
 
 # As the graph view's front end draws them (static/graph_view.js).
-KIND_FILL = {"placeholder": "#ddf4ff", "variable": "#dafbe1", "constant": "#eaeef2", "update": "#fff1e5",
-             "group": "#f6f8fa", "scope": "#fbefff", "op": "#ffffff"}  # fmt: skip
-KIND_STROKE = {"placeholder": "#0969da", "variable": "#1a7f37", "constant": "#8c959f", "update": "#bc4c00",
-               "group": "#6e7781", "scope": "#8250df", "op": "#57606a"}  # fmt: skip
+KIND_FILL = {
+    "placeholder": "#ddf4ff",
+    "variable": "#dafbe1",
+    "constant": "#eaeef2",
+    "update": "#fff1e5",
+    "group": "#f6f8fa",
+    "scope": "#fbefff",
+    "op": "#ffffff",
+}
+KIND_STROKE = {
+    "placeholder": "#0969da",
+    "variable": "#1a7f37",
+    "constant": "#8c959f",
+    "update": "#bc4c00",
+    "group": "#6e7781",
+    "scope": "#8250df",
+    "op": "#57606a",
+}
 STATE_COLOR = {"waiting": "#afb8c1", "running": "#bf8700", "done": "#1a7f37", "error": "#cf222e"}
 
 
@@ -39,15 +53,30 @@ def graph_svg(layout: dict, states: dict, values: dict | None = None, scale: dic
     nodes = layout.get("nodes", [])
     by_id = {n["id"]: n for n in nodes}
     folded = layout.get("collapsed") or []
-    title = f"graph {layout.get('name', '')} · {len(nodes)} nodes" + (f" · folded: {', '.join(folded)}" if folded else "")
+    title = f"graph {layout.get('name', '')} · {len(nodes)} nodes" + (
+        f" · folded: {', '.join(folded)}" if folded else ""
+    )
     if values and scale:
         title += f" · colour: {scale.get('title', '')} at step {scale.get('step', '')}"
     top = 24
     body = [element("text", title, x=8, y=16, font_weight="600", fill=INK)]
     for box in layout.get("boxes", []):
-        body.append(element("rect", x=box["x"], y=box["y"] + top, width=box["w"], height=box["h"], rx=8,
-                            fill="rgba(84,174,255,0.06)", stroke="#54aeff", stroke_dasharray="3 3"))  # fmt: skip
-        body.append(element("text", f"▾ {box['scope']}", x=box["x"] + 6, y=box["y"] + top + 11, font_size=11, fill="#0550ae"))
+        body.append(
+            element(
+                "rect",
+                x=box["x"],
+                y=box["y"] + top,
+                width=box["w"],
+                height=box["h"],
+                rx=8,
+                fill="rgba(84,174,255,0.06)",
+                stroke="#54aeff",
+                stroke_dasharray="3 3",
+            )
+        )
+        body.append(
+            element("text", f"▾ {box['scope']}", x=box["x"] + 6, y=box["y"] + top + 11, font_size=11, fill="#0550ae")
+        )
     for edge in layout.get("edges", []):
         a, b = by_id.get(edge["source"]), by_id.get(edge["target"])
         if a is None or b is None:
@@ -55,9 +84,17 @@ def graph_svg(layout: dict, states: dict, values: dict | None = None, scale: dic
         x1, y1, x2, y2 = a["x"] + a["w"] / 2, a["y"] + a["h"] + top, b["x"] + b["w"] / 2, b["y"] + top
         dy = max((y2 - y1) / 2, 20)
         faint = "scope" in (a.get("kind"), b.get("kind"))
-        body.append(element("path", d=f"M {x1} {y1} C {x1} {y1 + dy}, {x2} {y2 - dy}, {x2} {y2}", fill="none",
-                            stroke="#8c959f", stroke_width=1.2, opacity=0.35 if faint else None,
-                            stroke_dasharray="3 3" if edge.get("control") else None))  # fmt: skip
+        body.append(
+            element(
+                "path",
+                d=f"M {x1} {y1} C {x1} {y1 + dy}, {x2} {y2 - dy}, {x2} {y2}",
+                fill="none",
+                stroke="#8c959f",
+                stroke_width=1.2,
+                opacity=0.35 if faint else None,
+                stroke_dasharray="3 3" if edge.get("control") else None,
+            )
+        )
     fills = {k: stat_fill(v, scale) for k, v in (values or {}).items()} if scale else {}
     body += [_graph_node(n, states.get(n["id"]), top, fills.get(n["id"])) for n in nodes]
     width = max(layout.get("width", 0), 8 * len(title) + 16)
@@ -68,9 +105,16 @@ def _graph_node(node: dict, state: str | None, top: float, fill: str | None = No
     kind, w, h = node.get("kind", "op"), node["w"], node["h"]
     stroke = STATE_COLOR[state] if state in ("error", "running") else KIND_STROKE.get(kind, "#57606a")
     rx = {"placeholder": h / 2, "variable": 0, "constant": 4}.get(kind, 6)
-    shape = element("rect", width=w, height=h, rx=rx, fill=fill or KIND_FILL.get(kind, "#fff"), stroke=stroke,
-                    stroke_width=2 if kind == "variable" else 1.4,
-                    stroke_dasharray="2 2" if kind == "constant" else None)  # fmt: skip
+    shape = element(
+        "rect",
+        width=w,
+        height=h,
+        rx=rx,
+        fill=fill or KIND_FILL.get(kind, "#fff"),
+        stroke=stroke,
+        stroke_width=2 if kind == "variable" else 1.4,
+        stroke_dasharray="2 2" if kind == "constant" else None,
+    )
     if kind == "scope":
         sub = f"{node.get('members', 0)} ops · folded"
     else:
@@ -82,8 +126,14 @@ def _graph_node(node: dict, state: str | None, top: float, fill: str | None = No
     ]
     if state:
         parts.append(element("circle", cx=w - 9, cy=9, r=5, fill=STATE_COLOR.get(state, "none")))
-    return element("g", None, *parts, transform=f"translate({node['x']},{node['y'] + top})", data_id=node["id"],
-                   data_state=state or "")  # fmt: skip
+    return element(
+        "g",
+        None,
+        *parts,
+        transform=f"translate({node['x']},{node['y'] + top})",
+        data_id=node["id"],
+        data_state=state or "",
+    )
 
 
 def progress_line(state: dict) -> str:
@@ -150,8 +200,14 @@ COLOR_NAMES = {"#1a7f37": "green", "#bc4c00": "orange", "#8250df": "purple", "#b
 
 def _predicted_series(predicted: list[dict], key: str, at) -> list:
     strategies = list(dict.fromkeys(r["strategy"] for r in predicted))
-    return [([[at(r["workers"]), r[key]] for r in predicted if r["strategy"] == s],
-             PREDICTED_COLOR.get(s, COLORS[3 + i % 3]), True) for i, s in enumerate(strategies)]  # fmt: skip
+    return [
+        (
+            [[at(r["workers"]), r[key]] for r in predicted if r["strategy"] == s],
+            PREDICTED_COLOR.get(s, COLORS[3 + i % 3]),
+            True,
+        )
+        for i, s in enumerate(strategies)
+    ]
 
 
 def scaling_svg(state: dict) -> str:
@@ -160,7 +216,9 @@ def scaling_svg(state: dict) -> str:
     in place of speedup) and the assumptions under the charts."""
     rows, planned = state.get("rows") or [], state.get("planned") or []
     predicted, assumptions = state.get("predicted") or [], state.get("assumptions") or []
-    head = f"scaling study · {state.get('status') or 'waiting'} · {len(rows)} of {len(planned) or len(rows)} worker counts"
+    head = (
+        f"scaling study · {state.get('status') or 'waiting'} · {len(rows)} of {len(planned) or len(rows)} worker counts"
+    )
     counts = sorted({*planned, *(r["workers"] for r in rows)})
     every = sorted({*counts, *(r["workers"] for r in predicted)})
     at = (lambda n: math.log2(n)) if predicted else (lambda n: n)  # noqa: E731
@@ -170,9 +228,14 @@ def scaling_svg(state: dict) -> str:
     series = [([[at(r["workers"]), r["samples_per_s"]] for r in rows], "#0969da", False)]
     if base_rate and not predicted:  # with predictions the efficiency chart shows the ideal
         series.append(([[at(n), base_rate * n / base] for n in counts], "#8c959f", True))
-    key, label = ("efficiency", "efficiency (dashed: ideal, predicted)") if predicted else ("speedup", "speedup (dashed: ideal)")
+    key, label = (
+        ("efficiency", "efficiency (dashed: ideal, predicted)") if predicted else ("speedup", "speedup (dashed: ideal)")
+    )
     ideal = (lambda n: 1.0) if predicted else (lambda n: n / base)  # noqa: E731
-    second = [([[at(r["workers"]), r[key]] for r in rows], "#0969da", False), ([[at(n), ideal(n)] for n in every], "#8c959f", True)]
+    second = [
+        ([[at(r["workers"]), r[key]] for r in rows], "#0969da", False),
+        ([[at(n), ideal(n)] for n in every], "#8c959f", True),
+    ]
     series += _predicted_series(predicted, "samples_per_s", at)
     second += _predicted_series(predicted, key, at)
     title = "samples/s (dashed: predicted)" if predicted else "samples/s (dashed: ideal)"
@@ -195,19 +258,33 @@ def _legend(predicted: list[dict]) -> list[str]:
 
 
 def _scaling_table(rows: list[dict], counts: list[int], base: int, predicted: list[dict]) -> list[str]:
-    columns = ((("workers", 0), ("samples/s", 140), ("speedup", 210), ("ideal", 270), ("efficiency", 320)) if predicted
-               else (("workers", 0), ("samples/s", 60), ("speedup", 140), ("ideal", 205), ("efficiency", 255)))  # fmt: skip
+    columns = (
+        (("workers", 0), ("samples/s", 140), ("speedup", 210), ("ideal", 270), ("efficiency", 320))
+        if predicted
+        else (("workers", 0), ("samples/s", 60), ("speedup", 140), ("ideal", 205), ("efficiency", 255))
+    )
     body = [element("text", name, x=632 + dx, y=44, font_weight="600", fill=INK) for name, dx in columns]
     by_count = {r["workers"]: r for r in rows}
     lines = []
     for n in counts:
         r = by_count.get(n)
-        lines.append(([n, f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}×", f"{n / base:.2f}×", f"{r['efficiency']:.0%}"] if r
-                      else [n, "…", "…", f"{n / base:.2f}×", "…"], INK))  # fmt: skip
+        lines.append(
+            (
+                [n, f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}×", f"{n / base:.2f}×", f"{r['efficiency']:.0%}"]
+                if r
+                else [n, "…", "…", f"{n / base:.2f}×", "…"],
+                INK,
+            )
+        )
     for r in predicted:
         if r["workers"] not in counts:
-            cells = [f"{r['workers']} {r['strategy']}", f"{r['samples_per_s']:,.0f}", f"{r['speedup']:.2f}×",
-                     f"{r['workers'] / base:.2f}×", f"{r['efficiency']:.0%}"]  # fmt: skip
+            cells = [
+                f"{r['workers']} {r['strategy']}",
+                f"{r['samples_per_s']:,.0f}",
+                f"{r['speedup']:.2f}×",
+                f"{r['workers'] / base:.2f}×",
+                f"{r['efficiency']:.0%}",
+            ]
             lines.append((cells, PREDICTED_COLOR.get(r["strategy"], MUTED)))
     for i, (cells, color) in enumerate(lines):
         body += [element("text", str(c), x=632 + dx, y=64 + 18 * i, fill=color) for c, (_, dx) in zip(cells, columns)]
@@ -230,8 +307,10 @@ def cluster_svg(info: dict | None, message: str = "") -> str:
         return document(max(300, 7 * len(text) + 16), 28, [element("text", text, x=8, y=18, fill=INK)], text)
     workers = info.get("workers") or []
     total = {k: sum(w.get(k) or 0 for w in workers) for k in ("threads", "memory", "gpus")}
-    head = (f"Dask cluster {info.get('scheduler', '')} · {len(workers)} workers · {total['threads']} threads · "
-            f"{_bytes(total['memory'])}" + (f" · {total['gpus']} GPUs" if total["gpus"] else ""))  # fmt: skip
+    head = (
+        f"Dask cluster {info.get('scheduler', '')} · {len(workers)} workers · {total['threads']} threads · "
+        f"{_bytes(total['memory'])}" + (f" · {total['gpus']} GPUs" if total["gpus"] else "")
+    )
     lines = [message] if message else []
     if info.get("dashboard"):
         lines.append(f"dashboard: {info['dashboard']}")
@@ -245,8 +324,17 @@ def cluster_svg(info: dict | None, message: str = "") -> str:
     columns = (("worker", 0), ("address", 90), ("threads", 330), ("memory", 400), ("GPUs", 480))
     body += [element("text", name, x=8 + dx, y=y + 12, font_weight="600", fill=INK) for name, dx in columns]
     for i, w in enumerate(workers):
-        cells = [w.get("name", ""), w.get("address", ""), w.get("threads", ""), _bytes(w.get("memory")), w.get("gpus", 0)]
-        body += [element("text", _clip(str(c), 34), x=8 + dx, y=y + 30 + 18 * i, fill=INK) for c, (_, dx) in zip(cells, columns)]
+        cells = [
+            w.get("name", ""),
+            w.get("address", ""),
+            w.get("threads", ""),
+            _bytes(w.get("memory")),
+            w.get("gpus", 0),
+        ]
+        body += [
+            element("text", _clip(str(c), 34), x=8 + dx, y=y + 30 + 18 * i, fill=INK)
+            for c, (_, dx) in zip(cells, columns)
+        ]
     width = max(560, 7 * max(len(head), *(len(line) for line in lines or [""])) + 16)
     return document(width, y + 20 + 18 * len(workers), body, head)
 
@@ -264,8 +352,10 @@ def playground_svg(image_png: bytes, image_size: int, curves_svg: str, status_ht
     if curves_svg:
         body.append(re.sub(r"^<svg ", f'<svg x="{left}" y="{image_size + 8}" ', curves_svg))
     top = max(image_size + _svg_height(curves_svg), _svg_height(network_svg))
-    body += [element("text", line, x=0, y=top + 26 + 16 * i, fill="#c00" if i else INK, font_family="monospace")
-             for i, line in enumerate(lines)]  # fmt: skip
+    body += [
+        element("text", line, x=0, y=top + 26 + 16 * i, fill="#c00" if i else INK, font_family="monospace")
+        for i, line in enumerate(lines)
+    ]
     width = max(left + image_size, 7.5 * max((len(line) for line in lines), default=0))
     return document(width, top + 34 + 16 * len(lines), body, lines[0] if lines else "playground")
 

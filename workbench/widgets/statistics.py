@@ -80,8 +80,12 @@ class StepStats:
     def scale(self, stat: str) -> dict[str, Any]:
         """The colour scale of ``stat`` over every kept step: ``lo``/``hi`` (of the magnitudes),
         ``log`` (positive values spanning more than 10x) and ``signed`` (some value below 0)."""
-        values = [v for per in self.values.values() for k, v in per.items()
-                  if k.rpartition("/")[2] == stat and math.isfinite(v)]  # fmt: skip
+        values = [
+            v
+            for per in self.values.values()
+            for k, v in per.items()
+            if k.rpartition("/")[2] == stat and math.isfinite(v)
+        ]
         if not values:
             return {"stat": stat, "lo": 0.0, "hi": 0.0, "log": False, "signed": False}
         signed = min(values) < 0

@@ -74,9 +74,17 @@ def duration(seconds) -> str:
 
 
 def line_chart(
-    x: float, y: float, label: str, series: list[tuple[list, str, bool]], x_max=None, x_label: str = "step",
-    width: int = 260, height: int = 130, zero: bool = False, ticks=None,
-) -> str:  # fmt: skip
+    x: float,
+    y: float,
+    label: str,
+    series: list[tuple[list, str, bool]],
+    x_max=None,
+    x_label: str = "step",
+    width: int = 260,
+    height: int = 130,
+    zero: bool = False,
+    ticks=None,
+) -> str:
     """A chart at (x, y) of ``series``: (points [[x, y], ...], color, dashed) each; the first series'
     last value is in the label. ``zero`` starts the value axis at 0; ``ticks`` labels those x values
     (a ``(value, label)`` pair writes its own label)."""
@@ -106,17 +114,32 @@ def line_chart(
             element("text", number(y0), x=left - 4, y=height - bottom, text_anchor="end", fill=MUTED),
         ]
         if ticks is None:
-            body.append(element("text", f"{x_label} {round(x1)}", x=width - right, y=height - 4, text_anchor="end", fill=MUTED))
+            body.append(
+                element("text", f"{x_label} {round(x1)}", x=width - right, y=height - 4, text_anchor="end", fill=MUTED)
+            )
         else:
-            body += [element("text", str(text), x=f"{sx(t):.1f}", y=height - bottom + 12, text_anchor="middle", fill=MUTED)
-                     for t, text in (t if isinstance(t, tuple) else (t, t) for t in ticks)]  # fmt: skip
-            body.append(element("text", x_label, x=(left + width - right) / 2, y=height - 3, text_anchor="middle", fill=MUTED))
+            body += [
+                element("text", str(text), x=f"{sx(t):.1f}", y=height - bottom + 12, text_anchor="middle", fill=MUTED)
+                for t, text in (t if isinstance(t, tuple) else (t, t) for t in ticks)
+            ]
+            body.append(
+                element("text", x_label, x=(left + width - right) / 2, y=height - 3, text_anchor="middle", fill=MUTED)
+            )
         for pts, color, dashed in series:
             pts = [p for p in pts if _finite(p[1])]
             if pts:
                 d = " ".join(f"{'L' if i else 'M'} {sx(a):.1f} {sy(b):.1f}" for i, (a, b) in enumerate(pts))
-                body.append(element("path", d=d, fill="none", stroke=color, stroke_width=1.5,
-                                    stroke_dasharray="5 4" if dashed else None, class_="wb-line"))  # fmt: skip
+                body.append(
+                    element(
+                        "path",
+                        d=d,
+                        fill="none",
+                        stroke=color,
+                        stroke_width=1.5,
+                        stroke_dasharray="5 4" if dashed else None,
+                        class_="wb-line",
+                    )
+                )
     return element("g", None, *body, transform=f"translate({x},{y})", class_="wb-chart", data_curve=label)
 
 

@@ -25,7 +25,6 @@ from workbench.fitloop import request_stop
 from workbench.widgets._base import View, front_end
 
 
-
 class Series:
     """A curve kept to at most ``max_points`` points: when full, every other point is dropped
     and only every ``stride``-th later step is kept. The latest point is always shown."""

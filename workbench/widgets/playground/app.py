@@ -23,6 +23,7 @@ from workbench.widgets import snapshots
 from workbench.widgets._base import Snapshot
 from workbench.widgets.throttle import Throttle
 
+
 class Playground(Snapshot, widgets.VBox):
     """The playground app: controls on the left; the network in the middle, drawn as features ->
     neurons -> output with a heat map per neuron and an edge per weight, with +/- buttons for
@@ -222,8 +223,11 @@ class Playground(Snapshot, widgets.VBox):
         def pair(tooltip: str, minus, plus, width: str) -> widgets.HBox:
             buttons = []
             for text, action in (("-", minus), ("+", plus)):
-                b = widgets.Button(description=text, tooltip=f"{'remove' if text == '-' else 'add'} {tooltip}",
-                                   layout={"width": "30px", "padding": "0"})  # fmt: skip
+                b = widgets.Button(
+                    description=text,
+                    tooltip=f"{'remove' if text == '-' else 'add'} {tooltip}",
+                    layout={"width": "30px", "padding": "0"},
+                )
                 b.on_click(lambda _, action=action: action())
                 b.add_class("wb-playground-" + ("minus" if text == "-" else "plus"))
                 buttons.append(b)
@@ -233,8 +237,12 @@ class Playground(Snapshot, widgets.VBox):
         label = widgets.HTML(f"<b>{len(hidden)} hidden layer{'s' if len(hidden) != 1 else ''}</b>")
         neurons = [widgets.Box(layout={"width": f"{COLUMN_W + 40}px"})]  # over the features column
         for k, units in enumerate(hidden):
-            box = pair(f"a neuron of layer {k + 1}", lambda k=k: self.remove_neuron(k),
-                       lambda k=k: self.add_neuron(k), f"{COLUMN_W}px")  # fmt: skip
+            box = pair(
+                f"a neuron of layer {k + 1}",
+                lambda k=k: self.remove_neuron(k),
+                lambda k=k: self.add_neuron(k),
+                f"{COLUMN_W}px",
+            )
             box.add_class("wb-playground-layer-buttons")
             neurons.append(box)
         return [widgets.HBox([layers, label]), widgets.HBox(neurons)]
@@ -270,15 +278,21 @@ class Playground(Snapshot, widgets.VBox):
             widgets.HTML("<b>Features</b>"),
             features,
             widgets.HTML("<b>Network</b>"),
-            control("hidden", widgets.Text, "hidden units", _parse_units, placeholder="e.g. 4, 2",
-                    continuous_update=False),  # fmt: skip
+            control(
+                "hidden", widgets.Text, "hidden units", _parse_units, placeholder="e.g. 4, 2", continuous_update=False
+            ),
             control("activation", widgets.Dropdown, "activation", options=list(ACTIVATIONS)),
             widgets.HTML("<b>Training</b>"),
-            control("learning_rate", widgets.Dropdown, "learning rate",
-                    options=_choices(LEARNING_RATES, o.learning_rate)),  # fmt: skip
+            control(
+                "learning_rate", widgets.Dropdown, "learning rate", options=_choices(LEARNING_RATES, o.learning_rate)
+            ),
             control("regularization", widgets.Dropdown, "regularization", options=REGULARIZATIONS),
-            control("regularization_rate", widgets.Dropdown, "reg. rate",
-                    options=_choices(REGULARIZATION_RATES, o.regularization_rate)),  # fmt: skip
+            control(
+                "regularization_rate",
+                widgets.Dropdown,
+                "reg. rate",
+                options=_choices(REGULARIZATION_RATES, o.regularization_rate),
+            ),
             control("batch_size", widgets.IntSlider, "batch size", min=1, max=max(30, o.batch_size)),
         ]
         return widgets.VBox(rows, layout={"width": "360px"})
@@ -316,7 +330,7 @@ def _checked(boxes: dict[str, widgets.Checkbox]) -> list[str]:
 
 
 def _parse_units(text: str) -> tuple[int, ...]:
-    """"4, 2" -> (4, 2); "" -> () (no hidden layer)."""
+    """ "4, 2" -> (4, 2); "" -> () (no hidden layer)."""
     parts = text.replace(",", " ").split()
     if not all(p.isdigit() for p in parts):
         raise ValueError(f"hidden units are whole numbers separated by commas, like 4, 2; got {text!r}")

@@ -63,7 +63,9 @@ def boundary_image(model: PlaygroundModel, size: int = 300, resolution: int = 60
     return image.round().astype(np.uint8)
 
 
-def _draw_points(image: np.ndarray, x: np.ndarray, colors: np.ndarray, outline: np.ndarray, radius: float = 3.0) -> None:
+def _draw_points(
+    image: np.ndarray, x: np.ndarray, colors: np.ndarray, outline: np.ndarray, radius: float = 3.0
+) -> None:
     """Discs of ``colors`` (one RGB per point) with an ``outline`` ring, all points at once."""
     size = image.shape[0]
     lo, hi = datasets.DOMAIN
@@ -112,22 +114,32 @@ def loss_svg(history: list[dict[str, float]], width: int = 300, height: int = 11
         labels = {"x0": f"{steps[0]:.0f}", "x1": f"step {steps[-1]:,.0f}", "y0": "0", "y1": f"{top_value:.3g}"}
         for key, color in [("test_loss", "#f59322"), ("train_loss", "#333333")]:
             xs = left + (steps - steps[0]) / span * plot_w
-            ys = top + plot_h - np.nan_to_num(values[key], nan=top_value, posinf=top_value).clip(0, top_value) / top_value * plot_h
+            ys = (
+                top
+                + plot_h
+                - np.nan_to_num(values[key], nan=top_value, posinf=top_value).clip(0, top_value) / top_value * plot_h
+            )
             points = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(xs, ys))
-            parts.append(f'<polyline class="wb-loss-line" data-series="{key}" fill="none" stroke="{color}" '
-                         f'stroke-width="1.5" points="{points}"/>')  # fmt: skip
+            parts.append(
+                f'<polyline class="wb-loss-line" data-series="{key}" fill="none" stroke="{color}" '
+                f'stroke-width="1.5" points="{points}"/>'
+            )
     axis = 'stroke="#999" stroke-width="1"'
     parts += [
         f'<line class="wb-axis" x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" {axis}/>',
         f'<line class="wb-axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" {axis}/>',
-        _text(left - 4, top + 8, labels["y1"], "end"), _text(left - 4, top + plot_h, labels["y0"], "end"),
-        _text(left, height - 4, labels["x0"], "start"), _text(left + plot_w, height - 4, labels["x1"], "end"),
+        _text(left - 4, top + 8, labels["y1"], "end"),
+        _text(left - 4, top + plot_h, labels["y0"], "end"),
+        _text(left, height - 4, labels["x0"], "start"),
+        _text(left + plot_w, height - 4, labels["x1"], "end"),
         _text(4, 11, "loss", "start"),
-    ]  # fmt: skip
+    ]
     for i, (label, color) in enumerate([("train", "#333333"), ("test", "#f59322")]):
         x = left + plot_w - 110 + i * 58
-        parts.append(f'<g class="wb-legend-item"><line x1="{x}" y1="8" x2="{x + 14}" y2="8" stroke="{color}" '
-                     f'stroke-width="2"/>{_text(x + 18, 11, f"{label} loss", "start")}</g>')  # fmt: skip
+        parts.append(
+            f'<g class="wb-legend-item"><line x1="{x}" y1="8" x2="{x + 14}" y2="8" stroke="{color}" '
+            f'stroke-width="2"/>{_text(x + 18, 11, f"{label} loss", "start")}</g>'
+        )
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" class="wb-playground-loss" '
         f'font-family="sans-serif" font-size="10">{"".join(parts)}</svg>'
@@ -162,8 +174,10 @@ def network_svg(model: PlaygroundModel, resolution: int = 20) -> str:
     weights = model.weight_values()
     height = HEADER + max(len(c) for c in columns) * ROW_H + 6
     width = len(columns) * COLUMN_W
-    center = [[(k * COLUMN_W + COLUMN_W / 2, HEADER + j * ROW_H + NEURON / 2) for j in range(len(c))]
-              for k, c in enumerate(columns)]  # fmt: skip
+    center = [
+        [(k * COLUMN_W + COLUMN_W / 2, HEADER + j * ROW_H + NEURON / 2) for j in range(len(c))]
+        for k, c in enumerate(columns)
+    ]
     largest = max((float(np.max(np.abs(w))) for w in weights if w.size), default=1.0) or 1.0
     parts = []
     for k, w in enumerate(weights):
@@ -178,7 +192,7 @@ def network_svg(model: PlaygroundModel, resolution: int = 20) -> str:
                 f'<path class="wb-weight" data-layer="{k}" data-from="{i}" data-to="{j}" data-sign="{"+" if value > 0 else "-"}" '
                 f'd="M{x0:.1f},{y0:.1f} C{mid:.1f},{y0:.1f} {mid:.1f},{y1:.1f} {x1:.1f},{y1:.1f}" fill="none" '
                 f'stroke="{color}" stroke-width="{thickness:.2f}" stroke-opacity="0.8"><title>weight {value:.3f}</title></path>'
-            )  # fmt: skip
+            )
     titles = ["features", *[f"layer {k}" for k in range(1, len(columns) - 1)], "output"]
     for k, (column, title) in enumerate(zip(columns, titles)):
         parts.append(_text(k * COLUMN_W + COLUMN_W / 2, 11, title, "middle"))
@@ -191,7 +205,7 @@ def network_svg(model: PlaygroundModel, resolution: int = 20) -> str:
                 f'<image x="{x:.0f}" y="{y:.0f}" width="{NEURON}" height="{NEURON}" preserveAspectRatio="none" '
                 f'href="{heat_map_uri(grid, scale)}"/><rect x="{x:.0f}" y="{y:.0f}" width="{NEURON}" height="{NEURON}" '
                 f'fill="none" stroke="#888"/></g>'
-            )  # fmt: skip
+            )
             if kind == "feature":
                 parts.append(_text(x - 3, y + NEURON / 2 + 3, names[k][j], "end"))
     return (

@@ -249,7 +249,9 @@ class PlaygroundModel:
         classification the accuracy."""
         out = {}
         d = self.data
-        metrics = {"loss": self.data_loss} if self.accuracy is None else {"loss": self.data_loss, "accuracy": self.accuracy}
+        metrics = (
+            {"loss": self.data_loss} if self.accuracy is None else {"loss": self.data_loss, "accuracy": self.accuracy}
+        )
         for part, x, y in [("train", d.x_train, d.y_train), ("test", d.x_test, d.y_test)]:
             values = self.session.run(metrics, {self.x: self._inputs(x), self.y: y})
             out.update({f"{part}_{k}": float(v) for k, v in values.items()})
