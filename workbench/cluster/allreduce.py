@@ -174,14 +174,7 @@ class AllReduceEngine:
     def for_fit(cls, request, client, options, events) -> AllReduceEngine:
         """The engine of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest` and its
         :class:`~workbench.cluster.options.ClusterOptions`): the ``allreduce`` strategy's factory."""
-        program = TrainingProgram.from_graph(
-            request.graph,
-            request.train,
-            list(request.fetches.values()),
-            seed=request.seed,
-            device=request.device.kind,
-            device_options=request.device.options,
-        )
+        program = TrainingProgram.for_fit(request)
         return cls(
             client,
             program,

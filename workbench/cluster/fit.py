@@ -67,14 +67,7 @@ class ParameterServer:
         self.excluded: dict[str, float] = {}  # workers left out after they stopped answering: seconds silent
         self.worker_addresses, self.backups = options.workers, options.backup_replicas
         self.reason = options.reason  # why fit chose this strategy, if it did
-        self.program = TrainingProgram.from_graph(
-            request.graph,
-            request.train,
-            list(request.fetches.values()),
-            seed=request.seed,
-            device=request.device.kind,
-            device_options=request.device.options,
-        )
+        self.program = TrainingProgram.for_fit(request)
         missing = set(self.program.feeds) - set(request.data)
         if missing:
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")

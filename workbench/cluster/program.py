@@ -92,6 +92,18 @@ class TrainingProgram:
     gradient_variables: tuple = ()
 
     @classmethod
+    def for_fit(cls, request) -> TrainingProgram:
+        """The program of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest`), for any strategy."""
+        return cls.from_graph(
+            request.graph,
+            request.train,
+            list(request.fetches.values()),
+            seed=request.seed,
+            device=request.device.kind,
+            device_options=request.device.options,
+        )
+
+    @classmethod
     def from_graph(
         cls, graph: Graph, train, fetches=(), seed: int = 0, device: str = "cpu", device_options: dict | None = None
     ) -> TrainingProgram:
