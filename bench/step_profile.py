@@ -20,31 +20,9 @@ import time
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
-import numpy as np  # noqa: E402
-
 import workbench as wb  # noqa: E402
 
-SIZES = (784, 1024, 1024, 10)
-
-
-def mlp():
-    g = wb.Graph(name="mlp")
-    with g.as_default():
-        x = wb.placeholder("x", shape=(None, SIZES[0]))
-        y = wb.placeholder("y", shape=(None,), dtype="int64")
-        h = x
-        for i, (a, b) in enumerate(zip(SIZES, SIZES[1:])):
-            h = wb.matmul(h, wb.variable(f"w{i}", shape=(a, b))) + wb.variable(f"b{i}", shape=(b,), init="zeros")
-            if i < len(SIZES) - 2:
-                h = wb.relu(h)
-        loss = wb.mean(wb.softmax_cross_entropy(h, y))
-        train = wb.optimizers.SGD(0.01).minimize(loss)
-    return g, train, loss
-
-
-def data(n, seed=0):
-    rng = np.random.default_rng(seed)
-    return {"x": rng.normal(size=(n, SIZES[0])).astype("float32"), "y": rng.integers(0, SIZES[-1], n)}
+from cluster import SIZES, data, mlp  # noqa: E402  (bench/, the script's folder: the benchmark's model and data)
 
 
 def plain_step(program, variables, rows, repeats):
