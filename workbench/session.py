@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, FeedError, FormatError, GraphError, WorkbenchError
+from workbench.errors import ClusterError, FeedError, GraphError, WorkbenchError
 from workbench.events import ROOT, EventStream, PlanCompiled, RunFailed, RunFinished, RunStarted, new_token
 from workbench.fitloop import FitLoop, FitRequest, LocalSteps, request_stop
 from workbench.devices import open_device
@@ -466,8 +466,8 @@ class Session:
 
         With ``strict=True`` every variable of the graph must be in the file.
         """
-        loaded = checkpoint.restore(path, self.graph.variables, strict)
-        self._set_checked(loaded, strict, f"checkpoint {os.fspath(path)!r}", "checkpoint")
+        loaded = checkpoint.restore(path, self.graph.variables, strict)  # checked against the graph before reading
+        self._put(loaded)
 
     def set_variables(self, values: dict, strict: bool = False) -> None:
         """Set variables from ``values`` (name to array), after checking every name, shape and dtype.
@@ -475,12 +475,13 @@ class Session:
         With ``strict=True`` every variable of the graph must be given. Nothing
         changes when a check fails (FormatError).
         """
-        self._set_checked(values, strict, "values", "the")
-
-    def _set_checked(self, values: dict, strict: bool, where: str, label: str) -> None:
         arrays = {name: np.asarray(value) for name, value in values.items()}
         found = {name: (value.shape, value.dtype.name) for name, value in arrays.items()}
-        checkpoint.check_members(where, found, checkpoint.specs(self.graph.variables), strict, label)
+        checkpoint.check_members("values", found, checkpoint.specs(self.graph.variables), strict, "the")
+        self._put(arrays)
+
+    def _put(self, arrays: dict) -> None:
+        """Checked values onto the device, as the variables' new arrays (copies: the caller keeps its own)."""
         for name, value in arrays.items():
             self._state[name] = self.device.put(np.array(value))
 
