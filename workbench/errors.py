@@ -67,3 +67,8 @@ class DeviceError(WorkbenchError, RuntimeError):
 
 class CollectiveError(ClusterError):
     """A peer of a worker-to-worker collective died, hung or could not be reached (a run can restart without it)."""
+
+
+class StrategyError(WorkbenchError, ValueError):
+    """A distributed strategy function is unknown or builds something a replica cannot run; names the
+    strategy and the line of the user's function."""

@@ -346,6 +346,11 @@ KERNEL_CASES: dict[str, list[KCase]] = {
     "assign": [K([normal(3, 4), normal(3, 4)], lambda cur, v: v), K([normal(3, 4), normal(4)], lambda cur, v: np.tile(v, (3, 1)))],
     "assign_add": [K([normal(3, 4), normal(3, 4)], np.add), K([normal(3, 4), normal(4)], np.add)],
     "assign_sub": [K([normal(3, 4), normal(3, 4)], np.subtract)],
+    # collectives without a group: one replica (see tests/strategies for R > 1)
+    "all_reduce": [K([normal(3, 4)], lambda x: x, op="sum", replicas=1), K([normal(5)], lambda x: x, op="mean", replicas=1),
+                   K([normal(2, 2)], lambda x: x, op="max", replicas=1)],
+    "all_gather": [K([normal(3, 4)], lambda x: x[None], replicas=1)],
+    "broadcast": [K([normal(3)], lambda x: x, root=0, replicas=1)],
 }  # fmt: skip
 
 CASES = [(name, i, case) for name, cases in KERNEL_CASES.items() for i, case in enumerate(cases)]

@@ -50,6 +50,8 @@ def capture_obstacle(plan) -> str | None:
     for op in plan.step_ops:
         if op.opdef.random:
             return f"{op.type} {op.name!r} draws random numbers on the host"
+        if op.opdef.collective:
+            return f"{op.type} {op.name!r} waits for its peers at every run"
         if op.opdef.checks_values:
             return f"{op.type} {op.name!r} checks its indices on the host at every run"
         if op.opdef.stateful and op.opdef.inplace is None:

@@ -110,5 +110,5 @@ class CPU:
             return value.copy()
         return value
 
-    def run(self, plan, feeds, *, check_numerics=False, step=None, row_offset=0, emit=None):
-        return plan.run(feeds, check_numerics=check_numerics, step=step, row_offset=row_offset)
+    def run(self, plan, feeds, *, check_numerics=False, step=None, row_offset=0, emit=None, comm=None):
+        return plan.run(feeds, check_numerics=check_numerics, step=step, row_offset=row_offset, comm=comm)

@@ -102,7 +102,9 @@ def prune(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Grap
 def _foldable(op: Operation, inputs) -> bool:
     """Whether ``op`` (with ``inputs``, its already folded inputs) can become a constant."""
     opdef = op.opdef
-    if opdef.stateful or opdef.random or opdef.kernel is None or op.type == "constant" or len(op.outputs) != 1:
+    if opdef.stateful or opdef.random or opdef.collective or opdef.kernel is None or op.type == "constant":
+        return False
+    if len(op.outputs) != 1:
         return False
     size = rules.num_elements(op.outputs[0].shape) if op.outputs[0].shape is not None else None
     if size is None or size > FOLD_LIMIT:
@@ -152,8 +154,8 @@ def eliminate_common_subexpressions(graph: Graph, max_constant: int = 1024) -> G
 
     def key(op: Operation):
         opdef = op.opdef
-        if opdef.stateful or opdef.random or op.type in ("placeholder", "no_op"):
-            return None
+        if opdef.stateful or opdef.random or opdef.collective or op.type in ("placeholder", "no_op"):
+            return None  # a collective is a message each peer waits for: never merged away
         if op.type == "constant" and op.attrs["value"].size > max_constant:
             return None
         inputs = tuple((merged.get(t.op, t.op).name, t.index) for t in op.inputs)

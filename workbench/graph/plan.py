@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.rng import generator
+from workbench.ops.collective import SOLO
 from workbench.ops.fused import FUSED
 
 
@@ -90,7 +91,8 @@ class Plan:
         self._runs = 0
         self._step = 0  # the run's context (see run), read by random ops
         self._row_offset = 0
-        slot_of: dict[Tensor, int] = {}
+        self._comm = SOLO  # the run's communicator (see run), read by collective ops
+        slot_of: dict[Tensor, Any] = {}
         self.template: list[Any] = []
         self.reads: list[tuple[int, str]] = []
         self.steps: list[tuple[Callable, Callable, Any, tuple]] = []
@@ -111,9 +113,16 @@ class Plan:
                 new_slot(op.outputs[0], xp.asarray(op.attrs["value"]))
             elif op.type == "variable":
                 self.reads.append((new_slot(op.outputs[0]), op.name))
+            elif op.opdef.collective:  # a start (input -> handle) and a done (handle -> output)
+                ins = [slot_of[t] for t in op.inputs]
+                handle = new_slot(_Handle(op))
+                step_io.append((op, ins, [handle]))
+                # the done also holds the input, so no step writes into it while peers may read it
+                step_io.append((op, [handle, *ins], [new_slot(t) for t in op.outputs]))
             elif op.opdef.kernel is not None:
                 ins = [slot_of[t] for t in op.inputs]
                 step_io.append((op, ins, [new_slot(t) for t in op.outputs]))
+        step_io, self._starts = _schedule_collectives(step_io)
         self.feed_slots = [feed_slots[name] for name in feeds]
         self.fetch_slots = []
         for name in fetches:
@@ -126,7 +135,10 @@ class Plan:
             else:
                 get = itemgetter(slice(ins[0], ins[0] + 1)) if ins else _nothing
             donors = lifetimes.donors(i, op, ins, outs)
-            fn = self._bind(op, lifetimes.update_guard(i) if op.opdef.stateful else lifetimes.guard(i), donors)
+            if op.opdef.collective:
+                fn = self._bind_start(op) if i in self._starts else _wait
+            else:
+                fn = self._bind(op, lifetimes.update_guard(i) if op.opdef.stateful else lifetimes.guard(i), donors)
             if donors or (op.opdef.stateful and op.opdef.inplace is not None and own_state):
                 get = _with_slots(get)
             out = outs[0] if len(outs) == 1 else tuple(outs)
@@ -165,6 +177,15 @@ class Plan:
 
             return donating_step
         return kernel
+
+    def _bind_start(self, op: Operation) -> Callable:
+        """The start of a collective: hands its input to the run's communicator, returns the handle."""
+        plan, kind, xp, attrs = self, op.type, self.xp, op.attrs
+
+        def start_step(value):
+            return plan._comm.start(kind, xp, value, **attrs)
+
+        return start_step
 
     def _bind_update(self, op: Operation, kernel: Callable, guard: tuple[int, ...]) -> Callable:
         """A variable update: replaces ``state[name]``; in place when the plan owns the state,
@@ -298,7 +319,13 @@ class Plan:
         self._runs += 1
 
     def run(
-        self, feed_values: list, check_numerics: bool = False, *, step: int | None = None, row_offset: int = 0
+        self,
+        feed_values: list,
+        check_numerics: bool = False,
+        *,
+        step: int | None = None,
+        row_offset: int = 0,
+        comm=None,
     ) -> list:
         """Run once with the (already checked) feed values; returns the fetched values.
 
@@ -315,9 +342,13 @@ class Plan:
             Where the fed rows start in the global batch (0: they are the whole
             batch). Random ops on batch-first inputs key their draws by global
             row, so a shard draws what a run of the whole batch draws for its rows.
+        comm : communicator, optional
+            What collective ops talk to (see :mod:`workbench.ops.collective`): this replica's
+            rank of its group. Default: one replica on its own.
         """
         self._step = self._runs if step is None else step
         self._row_offset = row_offset
+        self._comm = SOLO if comm is None else comm
         slots = self.template.copy()
         state = self.state
         for slot, name in self.reads:
@@ -355,13 +386,16 @@ class Plan:
 
     def _run_checked(self, slots: list) -> None:
         xp = self.xp
-        for (fn, get, out, dead), op in zip(self.steps, self.step_ops):
+        for i, ((fn, get, out, dead), op) in enumerate(zip(self.steps, self.step_ops)):
             try:
                 result = fn(*get(slots))
             except WorkbenchError:
                 raise
             except Exception as e:
                 raise kernel_error(op, e) from e
+            if i in self._starts:  # a handle: the values are checked where the collective is waited for
+                slots[out] = result
+                continue
             results = (result,) if out.__class__ is int else tuple(result)
             for o, r, t in zip((out,) if out.__class__ is int else out, results, op.outputs):
                 slots[o] = r
@@ -396,6 +430,52 @@ def written_variables(op: Operation) -> list[str]:
 
 def _nothing(slots) -> tuple:
     return ()
+
+
+class _Handle:
+    """The slot key of a collective's handle (between its start and its done)."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, op: Operation):
+        self.op = op
+
+
+def _wait(handle, *_inputs):
+    """The done of a collective: its result, once every peer has sent its part."""
+    return handle.wait()
+
+
+def _schedule_collectives(step_io: list) -> tuple[list, set[int]]:
+    """``step_io`` with each collective's done moved down to just before its first consumer and its
+    start up to just after its inputs are made (XLA's async start/done), so that communication
+    overlaps the steps between; and the positions of the starts. (Each collective comes as a start
+    followed by its done, in graph order.)"""
+    if not any(op.opdef.collective for op, _ins, _outs in step_io):
+        return step_io, set()
+    order = list(step_io)
+    starts, dones, k = [], [], 0
+    while k < len(order):
+        if order[k][0].opdef.collective:
+            starts.append(order[k])
+            dones.append(order[k + 1])
+            k += 2
+        else:
+            k += 1
+    for done in reversed(dones):  # later first: a consumer that is another collective's start has not moved yet
+        at = _index(order, done)
+        order.pop(at)
+        used = [k for k in range(at, len(order)) if set(order[k][1]) & set(done[2])]
+        order.insert(used[0] if used else len(order), done)
+    for start in starts:
+        order.pop(_index(order, start))
+        made = [k for k, (_op, _ins, outs) in enumerate(order) if set(outs) & set(start[1])]
+        order.insert(max(made) + 1 if made else 0, start)
+    return order, {_index(order, s) for s in starts}
+
+
+def _index(entries: list, entry) -> int:
+    return next(k for k, e in enumerate(entries) if e is entry)
 
 
 def _with_slots(get: Callable) -> Callable:

@@ -14,6 +14,7 @@ from workbench.ops.array import (
     stack,
     transpose,
 )
+from workbench.ops.collective import all_gather, all_reduce, broadcast
 from workbench.ops.math import (
     abs,
     add,
@@ -74,10 +75,13 @@ PUBLIC = (
     "abs",
     "add",
     "all",
+    "all_gather",
+    "all_reduce",
     "argmax",
     "assign",
     "assign_add",
     "assign_sub",
+    "broadcast",
     "cast",
     "concat",
     "constant",

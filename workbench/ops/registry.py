@@ -16,6 +16,8 @@ An op is registered once with :func:`defop`:
 - ``checks_values=True`` marks a kernel that reads values on the host to check them
   (indices in range): on a GPU that is a device-to-host sync, and such a plan is never
   captured as a CUDA graph (a replay would skip the check).
+- ``collective=True`` marks an op whose kernel talks to the run's communicator
+  (:mod:`workbench.ops.collective`): ``kernel(xp, x, comm=..., **attrs)``.
 - ``writes(attrs, n_inputs)``, optional, for a stateful op that updates several
   variables at once: the input position of the variable each output is written
   into (a plain update writes its input 0).
@@ -61,6 +63,9 @@ class OpDef:
     # an update of several variables: writes(attrs, n_inputs) gives the input position of the variable
     # each output is written into; kernel returns the new values, inplace(xp, None, ...) writes them there
     writes: Callable[..., tuple] | None = None
+    # a collective (ops/collective.py): the plan starts it with the run's communicator when its input
+    # exists and waits for it at its first consumer; never folded, merged or captured
+    collective: bool = False
 
     @property
     def differentiable(self) -> bool:
