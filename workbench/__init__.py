@@ -9,7 +9,7 @@
 [1.0]
 """
 
-from workbench import cluster, metrics, optimizers
+from workbench import cluster, metrics, optimizers, strategies
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -24,6 +24,7 @@ from workbench.errors import (
     NumericsError,
     PathError,
     ShapeError,
+    StrategyError,
     WorkbenchError,
 )
 from workbench.events import EventStream
@@ -44,6 +45,7 @@ from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench import cluster
 from workbench.session import Session
+from workbench.strategies import strategy, strategy_graph
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History
 
@@ -144,6 +146,10 @@ __all__ = [
     "ScalingStudy",
     "scaling_study",
     "cluster",
+    "strategies",
+    "strategy",
+    "strategy_graph",
+    "StrategyError",
     *_PUBLIC_OPS,
 ]
 

@@ -78,6 +78,10 @@ class StepEngine(Protocol):
     :meth:`close`: the variables of that step (the engine fetches them if they are not
     home yet), or the latest host copy and its step when they are lost. Without it the
     loop keeps :meth:`variables`.
+
+    Optional: ``state_specs() -> {name: (shape, dtype)}`` and ``checkpoint_state() -> {name: array}``,
+    state beyond the graph's variables that checkpoints hold (the simulation's per-replica
+    variables and slots): written with the variables, handed back to :meth:`start` on resume.
     """
 
     strategy: str
@@ -209,13 +213,19 @@ class FitLoop:
         """Whether the engine brings ``step``'s variables home: to checkpoint or to validate them."""
         return self.sync_at(step) or (self.validation is not None and step % self.validation.every == 0)
 
-    def resume(self, variables: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
-        """``variables`` updated from the newest checkpoint (if any), and its step (else 0)."""
-        resumed = checkpoint.latest(self.checkpoint_dir, checkpoint.specs(self.request.graph.variables))
+    def resume(self, variables: dict[str, np.ndarray], extra: dict | None = None) -> tuple[dict[str, np.ndarray], int]:
+        """``variables`` updated from the newest checkpoint (if any), and its step (else 0).
+
+        ``extra``: name to (shape, dtype) of what an engine saves beyond the graph's variables
+        (``engine.state_specs()``: the replicas' own state in the simulation), taken too when there.
+        """
+        expected = {**checkpoint.specs(self.request.graph.variables), **(extra or {})}
+        resumed = checkpoint.latest(self.checkpoint_dir, expected)
         if resumed is None:
             return variables, 0
         saved, step = resumed
-        return {**variables, **{k: v for k, v in saved.items() if k in variables}}, min(step, self.request.steps)
+        kept = {k: v for k, v in saved.items() if k in variables or k in (extra or {})}
+        return {**variables, **kept}, min(step, self.request.steps)
 
     def request_stop(self) -> None:
         """End the fit after the step in progress (thread-safe): ``run`` returns that step's results."""
@@ -230,7 +240,8 @@ class FitLoop:
         exception's ``history`` attribute the steps done, and the interrupt is raised again.
         """
         req = self.request
-        variables, start = self.resume(variables)
+        specs = getattr(engine, "state_specs", None)
+        variables, start = self.resume(variables, specs() if specs is not None else None)
         self.step = start
         token = self.events.tags.get("session", "")
         _RUNNING[token] = self
@@ -336,7 +347,8 @@ class FitLoop:
         variables, at = engine.variables()
         if at != step:
             raise RuntimeError(f"step engine {engine.strategy!r} holds step {at}'s variables, not step {step}'s")
-        checkpoint.save_step(self.checkpoint_dir, variables, step)
+        extra = getattr(engine, "checkpoint_state", None)  # optional: state beyond the graph's variables
+        checkpoint.save_step(self.checkpoint_dir, {**variables, **(extra() if extra is not None else {})}, step)
 
 
 class LocalSteps:

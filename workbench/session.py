@@ -332,7 +332,11 @@ class Session:
             step engine: ``"allreduce"`` (the default: gradients all-reduced worker to
             worker inside each step's tasks) or ``"parameter_server"`` (a task graph per
             step; what ``backup_replicas``, dask-array data and GPU sessions use, chosen
-            by itself for them when no strategy is named; locally only ``"local"``), and
+            by itself for them when no strategy is named), or a strategy function: a name
+            of ``wb.strategies.names()``, a :class:`~workbench.strategies.Strategy`
+            (``wb.strategies.local_sgd(every=8)``) or a function of ``r``; without a cluster,
+            ``replicas`` or a strategy trains R replicas in this process (the simulation,
+            :mod:`workbench.simulation`: the reference for the cluster), and
             seconds without progress before the fit restarts from its last sync without
             the workers that stopped answering (default: from the measured step time,
             at most a minute for fast steps; the first step gets longer to compile).
@@ -369,6 +373,7 @@ class Session:
             from workbench.cluster.engines import make_engine
             from workbench.cluster.options import ClusterOptions
 
+            _check_cluster_strategy(strategy)
             chosen = tuple(workers) if workers is not None else None
             options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
             engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
@@ -388,13 +393,18 @@ class Session:
         a callback, a timer, the training view's Stop button). Returns whether a fit was running."""
         return request_stop(self.token)
 
-    def _local_engine(self, request: FitRequest, replicas, strategy) -> LocalSteps:
-        needs = "needs a cluster: create the session with cluster='local' or an address"
-        if replicas not in (None, 1):
-            raise ClusterError(f"replicas={replicas} {needs}")
-        if strategy not in (None, "local"):
-            raise ClusterError(f"strategy={strategy!r} {needs}")
-        return LocalSteps(self, request)
+    def _local_engine(self, request: FitRequest, replicas, strategy):
+        """Local training, or with ``replicas`` or a strategy function the one-process simulation of
+        the replicas (:mod:`workbench.simulation`)."""
+        if strategy in (None, "local") and replicas in (None, 1):
+            return LocalSteps(self, request)
+        if strategy == "parameter_server":
+            raise ClusterError(
+                "strategy='parameter_server' needs a cluster: create the session with cluster='local' or an address"
+            )
+        from workbench.simulation import SimulatedReplicas
+
+        return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
 
     def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
@@ -501,6 +511,20 @@ def _client_for(cluster, security=None):
         return default_client(), False
     client = connect(cluster, security=security)
     return client, client is not cluster
+
+
+def _check_cluster_strategy(strategy) -> None:
+    """ClusterError for a strategy function on a cluster session: only the simulation runs them yet."""
+    from workbench.cluster.engines import STRATEGIES
+    from workbench.strategies import is_strategy
+
+    if strategy is None or (isinstance(strategy, str) and strategy in STRATEGIES) or not is_strategy(strategy):
+        return
+    name = getattr(strategy, "name", strategy if isinstance(strategy, str) else getattr(strategy, "__name__", "?"))
+    raise ClusterError(
+        f"strategy {name!r} is a strategy function; cluster engines run {', '.join(sorted(STRATEGIES))}. "
+        "Train it in the one-process simulation: wb.Session(graph, cluster=False).fit(..., replicas=R, strategy=...)"
+    )
 
 
 def _updated_variables(graph: Graph) -> list[str]:

@@ -88,6 +88,7 @@ _NOT_METRICS = {
     "bytes_moved",
     "bytes_received",
     "bytes_sent",
+    "collectives",
     "restarts",
     "tasks",
 }
