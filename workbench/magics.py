@@ -1,4 +1,5 @@
-"""IPython magics: ``%%flow NAME`` builds a graph from a cell, ``%flow_cluster`` picks the cluster.
+"""IPython magics: ``%%flow NAME`` builds a graph from a cell, ``%%flow_strategy NAME`` registers a
+distributed strategy written in a cell, ``%flow_cluster`` picks the cluster.
 
 Loaded with ``%load_ext workbench``::
 
@@ -27,6 +28,7 @@ import workbench
 from workbench import cluster as wb_cluster
 from workbench.errors import WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
+from workbench.graph.records import Source
 from workbench.ops import PUBLIC
 from workbench.ops.state import INITIALIZERS
 
@@ -50,6 +52,14 @@ def flow_namespace() -> dict[str, Any]:
     return names
 
 
+def _valid_strategy_name(name: str) -> str:
+    if not name.isidentifier():
+        raise UsageError(f"%%flow_strategy needs a Python name for the strategy, got {name!r}")
+    if name in workbench.strategies.registry.BUILT_IN:
+        raise UsageError(f"%%flow_strategy {name}: {name!r} is a built-in strategy; choose another name")
+    return name
+
+
 def _valid_name(name: str) -> str:
     if not name.isidentifier():
         raise UsageError(f"%%flow needs a Python name for the graph, got {name!r}")
@@ -58,7 +68,7 @@ def _valid_name(name: str) -> str:
 
 @magics_class
 class FlowMagics(Magics):
-    """``%%flow`` and ``%flow_cluster``."""
+    """``%%flow``, ``%%flow_strategy`` and ``%flow_cluster``."""
 
     def __init__(self, shell) -> None:
         super().__init__(shell)
@@ -106,6 +116,29 @@ class FlowMagics(Magics):
 
             display(view)
 
+    @magic_arguments()
+    @argument("name", type=_valid_strategy_name, help="the strategy's name (fit(strategy=NAME)) and its user-namespace name")
+    @cell_magic
+    def flow_strategy(self, line: str, cell: str):
+        """Register the cell as a distributed strategy named NAME: its body runs as the body of a
+        function of ``r``, the replica context (``r.gradients``, ``r.apply``, ``r.assign``,
+        ``r.every``, ``r.slot`` ...), with the op functions in scope as in ``%%flow``.
+
+        Binds NAME to the :class:`workbench.strategies.Strategy`; ``fit(strategy="NAME")`` uses it.
+        The cell runs when a fit (or ``wb.strategy_graph``) builds a replica's program.
+        """
+        args = parse_argstring(self.flow_strategy, line)
+        filename, code = self._compile(line, cell, magic="flow_strategy")
+        user_ns = self.shell.user_ns
+
+        def body(r):
+            exec(code, {**user_ns, **flow_namespace(), "r": r})  # the user's own cell, as IPython runs any cell
+
+        body.__name__ = body.__qualname__ = args.name
+        body.cell_source = Source(filename, 1, f"%%flow_strategy {line}".strip())
+        made = workbench.strategy(args.name, body)
+        user_ns[args.name] = made
+
     def _security(self, name: str | None):
         """The ``distributed.Security`` the notebook holds under ``name`` (None without a name)."""
         if name is None:
@@ -118,11 +151,11 @@ class FlowMagics(Magics):
             raise UsageError(f"%flow_cluster --security {name}: expected a distributed.Security, {name!r} is {found}")
         return value
 
-    def _compile(self, line: str, cell: str):
+    def _compile(self, line: str, cell: str, magic: str = "flow"):
         """Compile the cell under a file name IPython keeps in ``linecache`` (for op sources and
         errors); line numbers count the ``%%flow`` line, as the notebook shows the cell."""
-        text = f"%%flow {line}\n{cell}"
-        filename = self.shell.compile.cache(text, self.shell.execution_count, raw_code=f"# workbench %%flow\n{text}")
+        text = f"%%{magic} {line}\n{cell}"
+        filename = self.shell.compile.cache(text, self.shell.execution_count, raw_code=f"# workbench %%{magic}\n{text}")
         try:
             return filename, compile("\n" + cell, filename, "exec", dont_inherit=True)
         except SyntaxError as e:

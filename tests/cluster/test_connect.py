@@ -243,10 +243,10 @@ def test_configured_address_without_protocol_is_a_cluster_error():
             wb.cluster.connect(None)
 
 
-def test_replicas_need_a_cluster(kit):
+def test_replicas_without_a_cluster_are_simulated_in_one_process(kit):
     m = kit.mlp()
-    with pytest.raises(wb.ClusterError, match="replicas=2 needs a cluster"):
-        wb.Session(m["graph"], cluster=False).fit(m["train"], kit.blobs(), batch_size=8, steps=1, replicas=2)
+    hist = wb.Session(m["graph"], cluster=False).fit(m["train"], kit.blobs(), batch_size=8, steps=1, replicas=2)
+    assert hist.records[0]["replicas"] == 2 and hist.records[0]["collectives"] > 0
 
 
 def test_values_are_numpy_after_a_local_fit(kit):

@@ -31,6 +31,9 @@ class Strategy:
 
     def source(self) -> Source | None:
         """Where the function is defined (its ``def`` line, or a cell's first line)."""
+        cell = getattr(self.fn, "cell_source", None)  # a %%flow_strategy cell
+        if cell is not None:
+            return cell
         code = getattr(self.fn, "__code__", None)
         if code is None:
             return None

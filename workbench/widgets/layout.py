@@ -73,9 +73,12 @@ def default_collapsed(graph: Graph, fold_over: int = FOLD_OVER) -> list[str]:
 
 
 def kind_of(op: Operation) -> str:
-    """How a node is drawn: ``placeholder``, ``variable``, ``constant``, ``update``, ``group`` or ``op``."""
+    """How a node is drawn: ``placeholder``, ``variable``, ``constant``, ``update``, ``group``,
+    ``collective`` (all_reduce, all_gather, broadcast) or ``op``."""
     if op.type in ("placeholder", "variable", "constant"):
         return op.type
+    if op.opdef.collective:
+        return "collective"
     if op.type in _UPDATES:
         return "update"
     if op.type == "no_op":

@@ -30,6 +30,7 @@ KIND_FILL = {
     "group": "#f6f8fa",
     "scope": "#fbefff",
     "op": "#ffffff",
+    "collective": "#ffeff7",
 }
 KIND_STROKE = {
     "placeholder": "#0969da",
@@ -39,6 +40,7 @@ KIND_STROKE = {
     "group": "#6e7781",
     "scope": "#8250df",
     "op": "#57606a",
+    "collective": "#bf3989",
 }
 STATE_COLOR = {"waiting": "#afb8c1", "running": "#bf8700", "done": "#1a7f37", "error": "#cf222e"}
 

@@ -6,11 +6,11 @@
 const SVG = "http://www.w3.org/2000/svg";
 const KIND_FILL = {
   placeholder: "#ddf4ff", variable: "#dafbe1", constant: "#eaeef2", update: "#fff1e5",
-  group: "#f6f8fa", scope: "#fbefff", op: "#ffffff",
+  group: "#f6f8fa", scope: "#fbefff", op: "#ffffff", collective: "#ffeff7",
 };
 const KIND_STROKE = {
   placeholder: "#0969da", variable: "#1a7f37", constant: "#8c959f", update: "#bc4c00",
-  group: "#6e7781", scope: "#8250df", op: "#57606a",
+  group: "#6e7781", scope: "#8250df", op: "#57606a", collective: "#bf3989",
 };
 const STATE_COLOR = { waiting: "#afb8c1", running: "#bf8700", done: "#1a7f37", error: "#cf222e" };
 
@@ -202,7 +202,8 @@ function render({ model, el: root }) {
   const legend = document.createElement("div");
   legend.className = "wb-legend";
   for (const [kind, label] of [["placeholder", "placeholder"], ["variable", "variable"], ["constant", "constant"],
-                               ["op", "op"], ["scope", "folded scope"], ["update", "update"]]) {
+                               ["op", "op"], ["scope", "folded scope"], ["update", "update"],
+                               ["collective", "collective"]]) {
     const s = document.createElement("span");
     s.style.setProperty("--c", KIND_FILL[kind]);
     s.textContent = label;
