@@ -139,6 +139,19 @@ class ReplicaContext:
             rec.reduction = weights.batch_reduction(rec.graph, rec.record.loss)
         return rec.graph.get(rec.inputs["weight"])
 
+    def tensor(self, t) -> Tensor:
+        """The replica program's tensor ``t`` names: a tensor of the fit's graph (the loss, a
+        placeholder ...) or its name. The program is a copy of that graph: its tensors, not the
+        user's, go into the strategy's ops."""
+        name = t if isinstance(t, str) else getattr(t, "name", None)
+        graph = self._record.graph
+        if not isinstance(name, str) or name.partition(":")[0] not in graph:
+            raise self._error(f"r.tensor: the fit's graph has no tensor {name!r}")
+        found = graph.get(name)
+        if not isinstance(found, Tensor):
+            raise self._error(f"r.tensor: {name!r} is an operation, not a tensor")
+        return found
+
     # -- what a replica does -------------------------------------------------------------------
     def apply(self, gradients) -> None:
         """Apply the fit's own optimizer (the one of ``train = opt.minimize(loss)``, slots and all)
