@@ -117,7 +117,9 @@ class FlowMagics(Magics):
             display(view)
 
     @magic_arguments()
-    @argument("name", type=_valid_strategy_name, help="the strategy's name (fit(strategy=NAME)) and its user-namespace name")
+    @argument(
+        "name", type=_valid_strategy_name, help="the strategy's name (fit(strategy=NAME)) and its user-namespace name"
+    )
     @cell_magic
     def flow_strategy(self, line: str, cell: str):
         """Register the cell as a distributed strategy named NAME: its body runs as the body of a

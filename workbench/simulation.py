@@ -18,7 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -192,7 +192,9 @@ class SimulatedReplicas:
         """Every replica's own state, for a checkpoint (see the class docstring)."""
         to_host = self.device.to_host
         return {
-            f"{PREFIX}{rank}/{n}": np.array(to_host(v)) for rank, state in enumerate(self.states) for n, v in state.items()
+            f"{PREFIX}{rank}/{n}": np.array(to_host(v))
+            for rank, state in enumerate(self.states)
+            for n, v in state.items()
         }
 
     def settle(self, step: int) -> tuple[dict[str, np.ndarray], int]:

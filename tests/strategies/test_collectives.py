@@ -110,7 +110,9 @@ def test_bytes_are_what_the_clusters_direct_algorithms_send():
     n, itemsize = 1000, 4
     # a reduction: reduce-scatter then all-gather, 2 (R - 1) / R of the array per rank
     for size in (2, 4):
-        per_rank = [collective.bytes_sent("all_reduce", n * itemsize, itemsize, size, r, {"op": "sum"}) for r in range(size)]
+        per_rank = [
+            collective.bytes_sent("all_reduce", n * itemsize, itemsize, size, r, {"op": "sum"}) for r in range(size)
+        ]
         assert per_rank == [2 * (size - 1) * n * itemsize // size] * size
     uneven = [collective.bytes_sent("all_reduce", 10 * 8, 8, 3, r, {"op": "sum"}) for r in range(3)]
     assert uneven == [8 * (10 + 4), 8 * (10 + 3), 8 * (10 + 3)]  # chunks of 4, 3, 3
@@ -163,9 +165,7 @@ def test_a_run_passes_its_communicator_to_the_kernels(graph):
     plan = compile_plan(graph, [y.name], ["x"])
     with pytest.raises(wb.ExecutionError, match="built for 2 replicas and runs without a group"):
         plan.run([np.ones(2, np.float32)])
-    results, _ = _in_threads(
-        2, lambda m: plan_copy(graph, y).run([np.full(2, m.rank + 1.0, np.float32)], comm=m)[0]
-    )
+    results, _ = _in_threads(2, lambda m: plan_copy(graph, y).run([np.full(2, m.rank + 1.0, np.float32)], comm=m)[0])
     for r in results:
         assert r.tolist() == [[1.5, 1.5], [1.5, 1.5]]
 

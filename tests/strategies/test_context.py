@@ -13,7 +13,7 @@ def linear(dtype="float64", optimizer=None, loss=None):
     with g.as_default():
         x = wb.placeholder("x", shape=(None, 2), dtype=dtype)
         w = wb.variable("w", shape=(2,), init=[0.5, -0.5], dtype=dtype)
-        c = wb.variable("c", shape=(), init=1.0, dtype=dtype, trainable=False)
+        wb.variable("c", shape=(), init=1.0, dtype=dtype, trainable=False)
         residual = wb.sum(x * w, axis=1) - 1.0
         value = wb.mean(residual**2) if loss is None else loss(residual, w)
         train = (optimizer or wb.optimizers.SGD(0.1)).minimize(value)
@@ -118,7 +118,7 @@ def test_nested_every_blocks_run_where_every_period_divides_the_step():
                 r.assign({v: wb.all_reduce(v, op="mean") for v in r.variables})
 
     _, history = run_fit(g, train, nested, steps=12)
-    assert [s for s, n in zip(history["step"], history["collectives"]) if n] == [6, 12]
+    assert [s for s, n in zip(history["step"], history["collectives"], strict=True) if n] == [6, 12]
 
 
 def test_strategy_graph_draws_collectives_and_every_blocks():
@@ -157,7 +157,9 @@ def test_the_registry():
 
 def test_an_unknown_name_lists_the_registered_ones():
     g, train = linear()
-    with pytest.raises(wb.StrategyError, match=r"unknown strategy 'nope'; registered strategies are .*allreduce.*diloco"):
+    with pytest.raises(
+        wb.StrategyError, match=r"unknown strategy 'nope'; registered strategies are .*allreduce.*diloco"
+    ):
         run_fit(g, train, "nope")
 
 
@@ -168,7 +170,9 @@ def test_a_strategy_that_never_writes_is_refused_at_its_def_line():
         wb.all_reduce(r.gradients[r.variables[0]])
 
     line = lazy.__code__.co_firstlineno
-    with pytest.raises(wb.StrategyError, match=rf"strategy 'lazy', line {line}: def lazy\(r\):: it never calls r.apply"):
+    with pytest.raises(
+        wb.StrategyError, match=rf"strategy 'lazy', line {line}: def lazy\(r\):: it never calls r.apply"
+    ):
         wb.strategy_graph(train, lazy)
 
 

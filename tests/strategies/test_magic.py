@@ -7,18 +7,18 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import workbench as wb
 
-GRAPH = '''%%flow lin
+GRAPH = """%%flow lin
 x = placeholder("x", shape=(None, 4), dtype="float64")
 w = variable("w", shape=(4, 2), dtype="float64")
 loss = mean(sum(matmul(x, w) ** 2, axis=1))
 train = optimizers.SGD(0.1).minimize(loss)
-'''
+"""
 
-STRATEGY = '''%%flow_strategy cell_local_sgd
+STRATEGY = """%%flow_strategy cell_local_sgd
 r.apply(r.gradients)
 with r.every(2):
     r.assign({v: all_reduce(v, op="mean") for v in r.variables})
-'''
+"""
 
 
 @pytest.fixture

@@ -186,9 +186,7 @@ def test_checkpoints_hold_every_replicas_state_and_slots_and_resume_exactly(data
     if strategy.name == "diloco":
         assert {"variables/replicas/0/diloco/w/anchor", "variables/replicas/1/diloco/w/outer_momentum"} <= members
     resumed = wb.Session(g, seed=0, cluster=False)
-    history = resumed.fit(
-        train, data, batch_size=64, steps=10, replicas=2, strategy=strategy, checkpoint_dir=tmp_path
-    )
+    history = resumed.fit(train, data, batch_size=64, steps=10, replicas=2, strategy=strategy, checkpoint_dir=tmp_path)
     assert history.records[0]["step"] == 6
     assert_close(resumed.variables, straight, 0)
 

@@ -270,7 +270,7 @@ def _copy_update(rec: Record, values: dict[str, Tensor]) -> list[Operation]:
             control = [copies.get(c, c) for c in op.control_inputs]
             copy = graph.add_op(op.type, inputs, op.attrs, name=op.name, control_inputs=control, source=source)
             copies[op] = copy
-            mapped.update(zip(op.outputs, copy.outputs))
+            mapped.update(zip(op.outputs, copy.outputs, strict=True))
             if op.opdef.stateful:
                 writes.append(copy)
     return writes

@@ -138,7 +138,7 @@ def lower(rec: Record, due: frozenset) -> Graph:
         control = [copies[c] for c in op.control_inputs if c in copies]
         copy = new.add_op(op.type, inputs, op.attrs, name=op.name, control_inputs=control, source=op.source)
         copies[op] = copy
-        tensors.update(zip(op.outputs, copy.outputs))
+        tensors.update(zip(op.outputs, copy.outputs, strict=True))
         if id(op) in writes:
             done.append(copy)
             for name in written_variables(op):
@@ -185,7 +185,9 @@ def strategy_graph(train, strategy, replicas: int = 2, fetches=()) -> Graph:
 
     graph = getattr(train, "graph", None)
     if not isinstance(graph, Graph):
-        raise StrategyError(f"strategy_graph needs the fit's update operation (optimizer.minimize(loss)), got {train!r}")
+        raise StrategyError(
+            f"strategy_graph needs the fit's update operation (optimizer.minimize(loss)), got {train!r}"
+        )
     program = ReplicaProgram.build(graph, train.name, strategy, replicas, fetches)
     full = program.variant(frozenset(program.periods))
     loss = program.record.record.loss

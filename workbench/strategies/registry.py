@@ -9,7 +9,7 @@ made by a factory); ``fit(strategy=...)`` takes a registered name, a Strategy or
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from workbench.errors import StrategyError
 from workbench.graph.records import Source
