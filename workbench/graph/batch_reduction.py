@@ -341,35 +341,47 @@ def fetch_reduction(graph: Graph, fetch, rows: Iterable[str] | None = None) -> R
     return found
 
 
-def combine(reduction: Reduction, values: Sequence, shares: Sequence[float]):
-    """The global batch's value of a fetch from the replicas' ``values`` (in row order).
+def weighted(reduction: Reduction, value, share: float):
+    """What a replica contributes to a fetch: a ``mean`` weighted by its share of the rows, else its value.
 
-    ``shares``: each replica's share of the rows (they add up to 1), used by a ``mean``.
+    Works on any array namespace's arrays (NumPy, CuPy), in the value's dtype.
     """
-    values = [np.asarray(v) for v in values]
+    if reduction.kind != "mean":
+        return value
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and np.issubdtype(dtype, np.floating):
+        return value * dtype.type(share)
+    return value * share
+
+
+def join(reduction: Reduction, a, b):
+    """Two replicas' (or partial results') contributions to a fetch as one; ``a``'s rows come first."""
     kind = reduction.kind
-    if kind == "mean":
-        total = values[0] * values[0].dtype.type(shares[0]) if _floating(values[0]) else values[0] * shares[0]
-        for value, share in zip(values[1:], shares[1:], strict=True):
-            total = total + (value * value.dtype.type(share) if _floating(value) else value * share)
-        return total
-    if kind == "sum":
-        total = values[0]
-        for value in values[1:]:
-            total = total + value
-        return total
-    if kind in ("max", "min"):
-        pick = np.maximum if kind == "max" else np.minimum
-        total = values[0]
-        for value in values[1:]:
-            total = pick(total, value)
-        return total
+    if kind in _LINEAR:
+        return a + b
+    if kind == "max":
+        return np.maximum(a, b)
+    if kind == "min":
+        return np.minimum(a, b)
     if kind == "rows":
-        return np.concatenate(values, axis=reduction.axis)
+        return np.concatenate([a, b], axis=reduction.axis)
     if kind == "same":
-        return values[0]
+        return a
     raise ClusterError(f"a fetch that {reduction.why}{_where(reduction.op)} cannot be combined across replicas")
 
 
-def _floating(value: np.ndarray) -> bool:
-    return np.issubdtype(value.dtype, np.floating)
+def combine(reduction: Reduction, values: Sequence, shares: Sequence[float] | None = None):
+    """The global batch's value of a fetch from the replicas' ``values`` (in row order).
+
+    ``shares``: each replica's share of the rows (they add up to 1), used by a ``mean``; ``None``
+    when the values are already :func:`weighted`. The contributions are joined in a fixed pairwise
+    order, ``(v0 + v1) + (v2 + v3)``, as the gradients are.
+    """
+    if shares is None:
+        level = [np.asarray(v) for v in values]
+    else:
+        level = [weighted(reduction, np.asarray(v), s) for v, s in zip(values, shares, strict=True)]
+    while len(level) > 1:
+        paired = [join(reduction, level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
+        level = paired + level[len(level) - len(level) % 2 :]
+    return level[0]
