@@ -43,7 +43,7 @@ from workbench.cluster.health import StepDeadline, silence_threshold, silent_wor
 from workbench.cluster.lower import allreduce_calls, allreduce_key
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
-from workbench.errors import ClusterError, CollectiveError, FeedError
+from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
 from workbench.graph.batch_reduction import Reduction, combine
@@ -318,8 +318,8 @@ class AllReduceEngine:
             for f in futures:
                 if f.status == "error":
                     error = f.exception()
-                    if isinstance(error, (self._transient, ClusterError)):
-                        raise error
+                    if isinstance(error, (self._transient, WorkbenchError)):
+                        raise error  # a NumericsError names the op, as locally
                     raise ClusterError(f"step {step} failed in {f.key[0]}: {type(error).__name__}: {error}") from error
                 if f.status == "cancelled":
                     raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")

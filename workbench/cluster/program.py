@@ -79,6 +79,9 @@ class TrainingProgram:
         each replica's gradient is weighted by its share of the rows for a mean, by 1 for a sum.
     fetch_reductions : tuple of Reduction
         How each fetch combines across replicas (same order as ``fetches``).
+    check_numerics : bool
+        Workers run both plans checking every op's output for NaN and Inf (``fit(check_numerics=True)``):
+        a :class:`~workbench.errors.NumericsError` naming the op ends the fit, as it does locally.
     """
 
     replica_json: str
@@ -98,6 +101,7 @@ class TrainingProgram:
     gradient_variables: tuple = ()
     loss_reduction: str = "mean"
     fetch_reductions: tuple = ()
+    check_numerics: bool = False
 
     def gradient_weight(self, share: float) -> float:
         """What a replica's gradients are multiplied by, for a shard with ``share`` of the global batch's rows."""
@@ -113,11 +117,19 @@ class TrainingProgram:
             seed=request.seed,
             device=request.device.kind,
             device_options=request.device.options,
+            check_numerics=request.check_numerics,
         )
 
     @classmethod
     def from_graph(
-        cls, graph: Graph, train, fetches=(), seed: int = 0, device: str = "cpu", device_options: dict | None = None
+        cls,
+        graph: Graph,
+        train,
+        fetches=(),
+        seed: int = 0,
+        device: str = "cpu",
+        device_options: dict | None = None,
+        check_numerics: bool = False,
     ) -> TrainingProgram:
         """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded."""
         train_name = (
@@ -166,6 +178,7 @@ class TrainingProgram:
             gradient_variables=tuple(v for _, v in record.gradients),
             loss_reduction=loss_kind,
             fetch_reductions=reductions,
+            check_numerics=bool(check_numerics),
         )
 
 
@@ -324,7 +337,8 @@ def replica_gradients(
     rows = {name: device.put(take_rows(source, index)) for name, source in zip(program.feeds, data)}  # up once
     # random ops (dropout) draw per step, and per row of the global batch, however it is split
     feeds = [rows[name] for name in plans.replica.feed_names]
-    values = device.run(plans.replica, feeds, step=state["step"], row_offset=offset)
+    checked = program.check_numerics
+    values = device.run(plans.replica, feeds, check_numerics=checked, step=state["step"], row_offset=offset)
     n = len(program.gradients)
     grads = [_scale(g, weight) for g in values[:n]]
     reductions = program.fetch_reductions or (None,) * (len(values) - n)
@@ -368,7 +382,7 @@ def apply_update(program: TrainingProgram, state: dict, reduced: dict) -> dict:
     plans.update_state.clear()
     plans.update_state.update(plans.variables(state, state["variables"]))
     grads = reduced["grads"]
-    plans.device.run(plans.update, [grads[i] for i in plans.update_order])
+    plans.device.run(plans.update, [grads[i] for i in plans.update_order], check_numerics=program.check_numerics)
     return {
         "variables": dict(plans.update_state),
         "step": state["step"] + 1,

@@ -209,7 +209,8 @@ class Replica:
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
         feeds = [take_rows(self.data[k], rows) for k in self.feed_order]
         # random ops (dropout) draw per step, and per row of the global batch, however it is split
-        values = self.forward.run(feeds, step=step - 1, row_offset=offset)
+        checked = program.check_numerics
+        values = self.forward.run(feeds, checked, step=step - 1, row_offset=offset)
         for i in range(n):  # gradients no plan step made (constants) go in now
             self._produced(i, values[i])
         # copies before the update changes variables; a mean weighted by the shard's share, the rest as they are
@@ -222,7 +223,7 @@ class Replica:
             handle.summed(self.group.timeout)
         self._settling = self._handles
         reduced = time.perf_counter()
-        self.update.run([self.views[i] for i in self.update_order])
+        self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step
         result = {
             "step": step,
