@@ -40,13 +40,13 @@ import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
 from workbench.cluster.health import StepDeadline, silence_threshold, silent_workers
-from workbench.cluster.communicator import tree_sum
 from workbench.cluster.lower import allreduce_calls, allreduce_key
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
-from workbench.errors import ClusterError, CollectiveError, FeedError
+from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
+from workbench.graph.batch_reduction import Reduction, combine
 from workbench.training import batch_indices, check_data, is_dask_array
 
 
@@ -295,7 +295,8 @@ class AllReduceEngine:
     def _submit(self, step: int, sync: bool) -> None:
         index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
         group, futures = self.group, []
-        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
+        reduction = self.program.loss_reduction
+        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync, reduction)
         for (key, args), worker in zip(calls, group.addresses):
             futures.append(
                 self.client.submit(
@@ -317,8 +318,8 @@ class AllReduceEngine:
             for f in futures:
                 if f.status == "error":
                     error = f.exception()
-                    if isinstance(error, (self._transient, ClusterError)):
-                        raise error
+                    if isinstance(error, (self._transient, WorkbenchError)):
+                        raise error  # a NumericsError names the op, as locally
                     raise ClusterError(f"step {step} failed in {f.key[0]}: {type(error).__name__}: {error}") from error
                 if f.status == "cancelled":
                     raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")
@@ -393,8 +394,9 @@ class AllReduceEngine:
 
     def _outcome(self, step: int, results: list[dict]) -> StepOutcome:
         fetches = {}
-        for k, label in enumerate(self.labels):
-            value = np.asarray(tree_sum([r["fetches"][k] for r in results]))
+        reductions = self.program.fetch_reductions or (Reduction("mean"),) * len(self.labels)
+        for k, label in enumerate(self.labels):  # each replica weighted its means; the rest combine as they are
+            value = np.asarray(combine(reductions[k], [r["fetches"][k] for r in results]))
             fetches[label] = value.item() if value.ndim == 0 else value
         compute = {r["worker"]: r["compute_seconds"] for r in results}
         metrics = {

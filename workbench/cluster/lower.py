@@ -154,8 +154,8 @@ def step_tasks(
     ``program``, ``state`` and the data sources may be literal values,
     ``TaskRef``s or Futures; the returned dict maps keys to ``Task``s. The
     shard weights make the reduced gradient the gradient of the global batch's
-    mean loss: exact when the loss is a mean over the batch, plus terms that do
-    not depend on it (the usual case).
+    loss: each shard's share of the rows for a loss that is a mean over them,
+    1 for a sum (the program's ``loss_reduction``).
     """
     total = len(index)
     tasks, keys = replica_tasks(
@@ -175,17 +175,30 @@ def allreduce_key(name: str, step: int | str, rank: int, token: str) -> tuple[st
     return (f"{name}-allreduce-{step}-r{rank}", token)
 
 
-def allreduce_calls(name: str, token: str, step: int, index: np.ndarray, ranks: int, started: list, sync: bool):
+def allreduce_calls(
+    name: str,
+    token: str,
+    step: int,
+    index: np.ndarray,
+    ranks: int,
+    started: list,
+    sync: bool,
+    reduction: str = "mean",
+):
     """The ``(key, arguments of run_step)`` of one all-reduce step's ``ranks`` tasks.
 
-    Rank ``i`` trains on shard ``i`` of ``index``. Equal shards: each gradient goes into its bucket
-    as it is and the sum is scaled once by ``1 / R``; else each by its shard's rows, the sum by
-    ``1 / len(index)``. Fetches are weighted by the shard's share; rank 0 brings the variables home
-    when ``sync``. ``started[i]``: rank ``i``'s start task (a future or a ref), for the order.
+    Rank ``i`` trains on shard ``i`` of ``index``. ``reduction`` is how the loss reduces over the
+    batch's rows (the program's ``loss_reduction``). A mean, equal shards: each gradient goes into
+    its bucket as it is and the sum is scaled once by ``1 / R``; unequal shards: each by its shard's
+    rows, the sum by ``1 / len(index)``. A sum: the gradients are summed as they are. Mean fetches
+    are weighted by the shard's share; rank 0 brings the variables home when ``sync``.
+    ``started[i]``: rank ``i``'s start task (a future or a ref), for the order.
     """
+    if reduction not in ("mean", "sum"):
+        raise ClusterError(f"a loss reduction is 'mean' or 'sum', not {reduction!r}")
     parts = shards(index, ranks)
-    total, equal = len(index), len({len(p) for p in parts}) == 1
-    count = ranks if equal else total
+    total, equal = len(index), len({len(p) for p in parts}) == 1 or reduction == "sum"
+    count = 1 if reduction == "sum" else ranks if equal else total
     scale = None if count == 1 else 1.0 / count  # applied once, to the sum
     calls, offset = [], 0
     for i, part in enumerate(parts):
@@ -207,6 +220,7 @@ def _allreduce_tasks(
     steps: int,
     token: str,
     bucket_bytes: int = 4 << 20,
+    reduction: str = "mean",
 ) -> tuple[list, int]:
     """Add the all-reduce strategy's tasks of ``steps`` steps to ``dsk``; the per-step keys of rank 0 and R."""
     from workbench.cluster.collective import CollectiveGroup
@@ -222,7 +236,8 @@ def _allreduce_tasks(
         started.append(TaskRef(key))
     firsts = []
     for step, index in enumerate(index_of, 1):
-        for key, args in allreduce_calls(name, token, step, index, replicas, started, step == steps):
+        calls = allreduce_calls(name, token, step, index, replicas, started, step == steps, reduction)
+        for key, args in calls:
             dsk[key] = Task(key, run_step, *args)
         firsts.append(allreduce_key(name, step, 0, token))
     return firsts, replicas
@@ -312,8 +327,9 @@ def lower(
     data_refs = [TaskRef(("data", key, token)) for key in program.feeds]
     batches = batch_indices(n, batch_size, steps, seed if batch_seed is None else batch_seed)
     if strategy == "allreduce":
+        ref, reduction = TaskRef(("program", token)), program.loss_reduction
         firsts, per_step = _allreduce_tasks(
-            dsk, TaskRef(("program", token)), variables, data_refs, batches, replicas, name, steps, token
+            dsk, ref, variables, data_refs, batches, replicas, name, steps, token, reduction=reduction
         )
         return Lowered(dsk, firsts[-1], firsts, per_step, program)
     dsk[("state-0", token)] = DataNode(("state-0", token), initial_state(variables))

@@ -34,6 +34,7 @@ from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
 from workbench.errors import ClusterError, CollectiveError
+from workbench.graph.batch_reduction import Reduction, weighted
 from workbench.graph.compile import compile_plan
 from workbench.graph.core import Graph
 
@@ -198,7 +199,9 @@ class Replica:
         self.forward_state.clear()
         self.forward_state.update(self.variables)
         if program.loss_scale:  # as the parameter-server path: the shard's loss scaled by its share
-            self.forward_state[program.loss_scale] = self.variables[program.loss_scale] * fetch_weight
+            self.forward_state[program.loss_scale] = self.variables[program.loss_scale] * program.gradient_weight(
+                fetch_weight
+            )
         self._step, self._weight, self._scale = step, weight, scale
         self._packed = [False] * n
         self._missing = [len(b.gradients) for b in self.buckets]
@@ -206,10 +209,13 @@ class Replica:
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
         feeds = [take_rows(self.data[k], rows) for k in self.feed_order]
         # random ops (dropout) draw per step, and per row of the global batch, however it is split
-        values = self.forward.run(feeds, step=step - 1, row_offset=offset)
+        checked = program.check_numerics
+        values = self.forward.run(feeds, checked, step=step - 1, row_offset=offset)
         for i in range(n):  # gradients no plan step made (constants) go in now
             self._produced(i, values[i])
-        fetches = [np.array(v, copy=True) * fetch_weight for v in values[n:]]  # before the update changes variables
+        # copies before the update changes variables; a mean weighted by the shard's share, the rest as they are
+        reductions = program.fetch_reductions or (Reduction("mean"),) * (len(values) - n)
+        fetches = [weighted(r, np.array(v, copy=True), fetch_weight) for v, r in zip(values[n:], reductions)]
         computed = time.perf_counter()
         if not all(handle.done() for handle in self._handles):
             self._before_waiting()
@@ -217,7 +223,7 @@ class Replica:
             handle.summed(self.group.timeout)
         self._settling = self._handles
         reduced = time.perf_counter()
-        self.update.run([self.views[i] for i in self.update_order])
+        self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step
         result = {
             "step": step,
