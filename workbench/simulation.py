@@ -25,7 +25,9 @@ import numpy as np
 from workbench.errors import CollectiveError
 from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_boundaries
 from workbench.graph.compile import compile_plan
-from workbench.ops.collective import bytes_sent, combine, pairwise_sum
+from workbench.graph.batch_reduction import combine as combine_fetch
+from workbench.graph.batch_reduction import fetch_reduction
+from workbench.ops.collective import bytes_sent, combine
 from workbench.strategies.program import UPDATE, ReplicaProgram
 from workbench.strategies.weights import weight
 from workbench.training import batch_indices
@@ -155,6 +157,8 @@ class SimulatedReplicas:
         self.plans: list[dict] = [{} for _ in range(self.replicas)]
         self.step = 0
         self.labels = list(request.fetches)
+        # how each fetch's shard values make the global batch's (a mean by shares, a sum added ...)
+        self.reductions = [fetch_reduction(request.graph, name) for name in request.fetches.values()]
         self._pool = concurrent.futures.ThreadPoolExecutor(self.replicas) if self.replicas > 1 else None
         graph_names = {v.name for v in request.graph.variables}
         self.own = [n for n in self.program.state_variables() if n not in graph_names]  # the strategy's slots
@@ -275,10 +279,9 @@ class SimulatedReplicas:
         except BaseException as e:
             self.group.abort(f"replica {rank} failed at step {step}: {type(e).__name__}: {e}")
             raise
-        share = len(rows) / total
-        fetches = [np.asarray(self.device.to_host(v)) * share for v in values[1:]]
         return {
-            "fetches": fetches,
+            "fetches": [np.asarray(self.device.to_host(v)) for v in values[1:]],
+            "share": len(rows) / total,
             "seconds": time.perf_counter() - started,
             "bytes_sent": member.bytes_sent - sent,
             "collectives": member.collectives - count,
@@ -286,9 +289,10 @@ class SimulatedReplicas:
 
     def _outcome(self, step: int, results: list, rows: int, seconds: float) -> StepOutcome:
         fetches = {}
-        for k, label in enumerate(self.labels):
-            total = pairwise_sum([r["fetches"][k] for r in results])
-            fetches[label] = float(total) if np.ndim(total) == 0 else total
+        shares = [r["share"] for r in results]
+        for k, (label, reduction) in enumerate(zip(self.labels, self.reductions, strict=True)):
+            value = combine_fetch(reduction, [r["fetches"][k] for r in results], shares)
+            fetches[label] = float(value) if np.ndim(value) == 0 else value
         metrics = {
             "replicas": self.replicas,
             "compute_seconds": max(r["seconds"] for r in results),

@@ -136,7 +136,10 @@ class ReplicaContext:
         if rec.reduction is None:
             if rec.record.loss is None:
                 raise self._error("r.weight needs the fit's loss: train with optimizer.minimize(loss)")
-            rec.reduction = weights.batch_reduction(rec.graph, rec.record.loss)
+            try:
+                rec.reduction = weights.batch_reduction(rec.graph, rec.record.loss)
+            except StrategyError as e:
+                raise self._error(str(e)) from None
         return rec.graph.get(rec.inputs["weight"])
 
     def tensor(self, t) -> Tensor:
