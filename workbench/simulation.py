@@ -115,10 +115,10 @@ class InProcessGroup:
                 raise CollectiveError(f"replica {rank} waited {self.timeout:g} s for its peers' collective {key}")
             result = self._results[key]
             taken = self._taken[key] = self._taken.get(key, 0) + 1
-            if taken == self.size:  # the last rank takes the array itself, the others copies
-                del self._results[key], self._taken[key]
-                return result
-        return result.copy()
+            if taken < self.size:  # a copy, made before the last rank takes the array itself (and may write into it)
+                return result.copy()
+            del self._results[key], self._taken[key]
+            return result
 
     def abort(self, why: str) -> None:
         """Wake every waiting rank with a CollectiveError (a replica failed)."""

@@ -172,3 +172,22 @@ def test_a_run_passes_its_communicator_to_the_kernels(graph):
 
 def plan_copy(graph, y):
     return compile_plan(graph, [y.name], ["x"])
+
+
+def test_a_rank_that_writes_into_its_result_never_changes_a_peers(rng):
+    parts = [rng.normal(size=200_000) for _ in range(4)]  # large: NumPy lets the threads run at once
+    expected = collective.pairwise_sum(parts)
+
+    def each(member):
+        got = []
+        for step in range(1, 6):
+            member.begin(step)
+            result = member.start("all_reduce", np, parts[member.rank], op="sum", replicas=4).wait()
+            got.append(result.copy())
+            result *= 0.0  # what a donating kernel of this replica may do next
+        return got
+
+    results, _ = _in_threads(4, each)
+    for got in results:
+        for value in got:
+            assert value.tobytes() == expected.tobytes()

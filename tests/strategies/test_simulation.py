@@ -58,6 +58,24 @@ def test_allreduce_equals_local_training_in_float64(data, replicas, optimizer):
     assert sh.records[0]["replicas"] == replicas and sh.records[0]["collectives"] == 3
 
 
+def test_a_wider_model_in_threads_equals_local_training():
+    """Arrays large enough that NumPy runs the replicas' threads at once (a race would show)."""
+    rng = np.random.default_rng(2)
+    g = wb.Graph(name="wide")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 64), dtype="float64")
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        w1 = wb.variable("w1", shape=(64, 256), dtype="float64")
+        w2 = wb.variable("w2", shape=(256, 10), dtype="float64")
+        loss = wb.mean(wb.softmax_cross_entropy(wb.matmul(wb.relu(wb.matmul(x, w1)), w2), y))
+        train = wb.optimizers.SGD(0.2).minimize(loss)
+    data = {"x": rng.normal(size=(512, 64)), "y": rng.integers(0, 10, 512)}
+    local, _ = fit(g, train, data, steps=6)
+    for replicas in (2, 4):
+        simulated, _ = fit(g, train, data, steps=6, replicas=replicas, strategy="allreduce")
+        assert_close(simulated, local, 1e-9)
+
+
 def test_uneven_shards_a_sum_loss_and_dropout_still_equal_local_training(data):
     g, train, _ = mlp(loss_kind="sum", dropout=True)
     local, _ = fit(g, train, data, batch_size=64)

@@ -159,7 +159,8 @@ def strategy_graph(train, strategy, replicas: int = 2, fetches=()) -> Graph:
 
     Every ``with r.every(k):`` block is in it (as a name scope ``every_<k>``), the forward and
     backward pass, the strategy's ops and collectives, pruned to what the replica's update and
-    the loss need; the replica's update is the op ``replica/update``.
+    the loss need; the replica's update is the op ``replica/update``. The graph is named
+    ``<graph>-<strategy>``.
 
     Parameters
     ----------
@@ -191,4 +192,6 @@ def strategy_graph(train, strategy, replicas: int = 2, fetches=()) -> Graph:
     program = ReplicaProgram.build(graph, train.name, strategy, replicas, fetches)
     full = program.variant(frozenset(program.periods))
     loss = program.record.record.loss
-    return prune(full, [UPDATE, *([loss] if loss else []), *program.fetches])
+    drawn = prune(full, [UPDATE, *([loss] if loss else []), *program.fetches])
+    drawn.name = f"{graph.name}-{program.name}"  # GraphView's title: "graph mlp-local_sgd"
+    return drawn
