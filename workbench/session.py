@@ -373,10 +373,16 @@ class Session:
             from workbench.cluster.engines import make_engine
             from workbench.cluster.options import ClusterOptions
 
-            _check_cluster_strategy(strategy)
             chosen = tuple(workers) if workers is not None else None
-            options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
-            engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
+            if _runs_a_strategy_function(strategy):  # the members run the strategy's replica program
+                from workbench.cluster import strategy_engine
+
+                options = ClusterOptions(None, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
+                engine = strategy_engine.make(request, self.client, options, self.events, strategy)
+            else:
+                options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
+                engine = make_engine(request, self.client, options, self.events)
+            every = checkpoint_every or sync_every
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
         self.last_history = loop.history
         try:
@@ -513,18 +519,22 @@ def _client_for(cluster, security=None):
     return client, client is not cluster
 
 
-def _check_cluster_strategy(strategy) -> None:
-    """ClusterError for a strategy function on a cluster session: only the simulation runs them yet."""
+def _runs_a_strategy_function(strategy) -> bool:
+    """Whether ``strategy`` names a strategy function (not one of the cluster's own engines)."""
     from workbench.cluster.engines import STRATEGIES
     from workbench.strategies import is_strategy
 
-    if strategy is None or (isinstance(strategy, str) and strategy in STRATEGIES) or not is_strategy(strategy):
-        return
-    name = getattr(strategy, "name", strategy if isinstance(strategy, str) else getattr(strategy, "__name__", "?"))
-    raise ClusterError(
-        f"strategy {name!r} is a strategy function; cluster engines run {', '.join(sorted(STRATEGIES))}. "
-        "Train it in the one-process simulation: wb.Session(graph, cluster=False).fit(..., replicas=R, strategy=...)"
-    )
+    if strategy is None or (isinstance(strategy, str) and strategy in STRATEGIES):
+        return False
+    if isinstance(strategy, str) and not is_strategy(strategy):
+        from workbench.errors import StrategyError
+        from workbench.strategies import names
+
+        raise StrategyError(
+            f"unknown strategy {strategy!r}; cluster engines are {', '.join(sorted(STRATEGIES))}, "
+            f"registered strategies are {', '.join(names())}"
+        )
+    return is_strategy(strategy)
 
 
 def _updated_variables(graph: Graph) -> list[str]:

@@ -237,15 +237,6 @@ def test_r_weight_refuses_a_loss_that_cannot_be_split():
     wb.strategy_graph(train, wb.strategies.local_sgd(every=2))
 
 
-def test_a_strategy_function_on_a_cluster_session_says_where_it_runs():
-    from workbench.session import _check_cluster_strategy
-
-    with pytest.raises(wb.ClusterError, match="'local_sgd' is a strategy function.*one-process simulation"):
-        _check_cluster_strategy(wb.strategies.local_sgd(every=2))
-    _check_cluster_strategy("allreduce")
-    _check_cluster_strategy("parameter_server")
-
-
 def test_r_tensor_refuses_what_the_graph_lacks():
     g, train = linear()
     with pytest.raises(wb.StrategyError, match="the fit's graph has no tensor 'nothing'"):

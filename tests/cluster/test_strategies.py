@@ -1,0 +1,73 @@
+"""Strategy functions on a real cluster (2 worker processes): the members run the replica program with
+their collectives on the worker-to-worker communicator, and agree with the one-process simulation."""
+
+import numpy as np
+import pytest
+
+import workbench as wb
+
+pytestmark = pytest.mark.slow
+
+
+def sync(r):
+    r.apply({v: wb.all_reduce(g * r.weight) for v, g in r.gradients.items()})
+
+
+def gathered(r):
+    """The gradients' mean from an all_gather, the variables' mean from max/min and a broadcast: every collective."""
+    r.apply({v: wb.mean(wb.all_gather(g * r.weight), axis=0) * 2.0 for v, g in r.gradients.items()})
+    with r.every(2):
+        r.assign({v: (wb.all_reduce(v, op="max") + wb.all_reduce(v, op="min")) * 0.5 for v in r.variables})
+    with r.every(3):
+        r.assign({v: wb.broadcast(v, root=1) for v in r.variables})
+
+
+def fit(kit, cluster, strategy, steps=8, **kwargs):
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
+    sess = wb.Session(m["graph"], seed=0, cluster=cluster)
+    history = sess.fit(
+        m["train"], kit.blobs(), batch_size=32, steps=steps, fetches={"loss": m["loss"]}, strategy=strategy, **kwargs
+    )
+    return sess.variables, history
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [sync, wb.strategies.local_sgd(every=3), wb.strategies.diloco(every=3), wb.strategies.compressed(), gathered],
+    ids=["user_sync", "local_sgd", "diloco", "compressed", "every_collective"],
+)
+def test_the_cluster_equals_the_simulation(kit, client, strategy):
+    on_cluster, ch = fit(kit, client, strategy, replicas=2)
+    simulated, sh = fit(kit, False, strategy, replicas=2)
+    kit.assert_same_variables(simulated, on_cluster, 1e-9)
+    np.testing.assert_allclose(ch["loss"], sh["loss"], rtol=1e-9)
+    assert ch["collectives"].tolist() == sh["collectives"].tolist()
+
+
+def test_a_user_sync_strategy_trains_to_the_variables_of_local_training(kit, client):
+    on_cluster, history = fit(kit, client, sync, replicas=2)
+    local, _ = fit(kit, False, None)
+    kit.assert_same_variables(local, on_cluster, 1e-9)
+    assert history.records[0]["replicas"] == 2
+
+
+def test_local_sgd_every_4_sends_its_bytes_on_the_cluster(kit, client):
+    variables, history = fit(kit, client, wb.strategies.local_sgd(every=4), steps=16, replicas=2)
+    model_bytes = sum(v.nbytes for name, v in variables.items() if "/" not in name)  # not the optimizer's slots
+    assert sum(history["bytes_sent"]) == pytest.approx(4 * 2 * (2 - 1) / 2 * model_bytes, rel=0.05)
+    assert history["collectives"].tolist() == [0, 0, 0, 4] * 4  # one all_reduce per variable, every 4th step
+
+
+def test_checkpoints_resume_a_cluster_fit_of_diloco(kit, client, tmp_path):
+    strategy = wb.strategies.diloco(every=4)
+    straight, _ = fit(kit, client, strategy, steps=8, replicas=2)
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
+    first = wb.Session(m["graph"], seed=0, cluster=client)
+    first.fit(m["train"], kit.blobs(), batch_size=32, steps=8, replicas=2, strategy=strategy, checkpoint_dir=tmp_path,
+              checkpoint_every=4, callback=lambda record: record["step"] == 4 and first.request_stop())  # fmt: skip
+    assert "variables/replicas/0/diloco/w0/anchor" in np.load(tmp_path / "step-00000004.npz").files
+    resumed = wb.Session(m["graph"], seed=0, cluster=client)
+    history = resumed.fit(m["train"], kit.blobs(), batch_size=32, steps=8, replicas=2, strategy=strategy,
+                          checkpoint_dir=tmp_path)  # fmt: skip
+    assert history.records[0]["step"] == 5
+    kit.assert_same_variables(straight, resumed.variables, 1e-12)

@@ -1,0 +1,195 @@
+"""Strategy functions on a cluster: the all-reduce engine's members run a strategy's replica program.
+
+:func:`make` is what ``Session.fit(..., strategy=<a strategy function>)`` uses on a cluster session:
+the client builds the replica program once (:class:`~workbench.strategies.program.ReplicaProgram`),
+ships every variant it will need as graph JSON (:class:`~workbench.cluster.strategy_replica.StrategyProgram`),
+and :class:`StrategyEngine` runs it exactly as :class:`~workbench.cluster.allreduce.AllReduceEngine`
+runs a training step (one pinned task per member and step, the same shards, windows, syncs, restarts),
+with the members' tasks of :mod:`workbench.cluster.strategy_replica`. The host copy of a sync is rank
+0's state; :meth:`StrategyEngine.variables` gives the graph's variables of it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from workbench.cluster import failures
+from workbench.cluster.allreduce import AllReduceEngine
+from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.lower import allreduce_calls, allreduce_key
+from workbench.cluster.program import worker_device
+from workbench.cluster.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
+from workbench.errors import ClusterError
+from workbench.graph.batch_reduction import fetch_reduction
+from workbench.strategies.program import ReplicaProgram
+from workbench.training import batch_indices
+
+#: Checkpoint members of every rank's own state: ``replicas/<rank>/<name>``, as the simulation names them.
+PREFIX = "replicas/"
+
+
+def strategy_program(request, program: ReplicaProgram) -> StrategyProgram:
+    """The plain data the workers need of ``program`` for the steps of ``request``."""
+    dues = sorted({program.due(step) for step in range(1, request.steps + 1)}, key=sorted)
+    variants = tuple((tuple(sorted(due)), program.variant(due).to_json()) for due in dues)
+    graph = program.record.graph
+    used = {op.name for due in dues for op in program.variant(due).operations if op.type == "placeholder"}
+    feeds = tuple(name for name in request.data if name in used)
+    device, options = worker_device(request.device.kind, request.device.options)
+    inputs = program.inputs
+    return StrategyProgram(
+        strategy=program.name,
+        variants=variants,
+        periods=program.periods,
+        feeds=feeds,
+        inputs=tuple(inputs.items()),
+        weight_dtype=graph.get(inputs["weight"]).dtype,
+        fetches=tuple(request.fetches.values()),
+        fetch_reductions=tuple(fetch_reduction(request.graph, name) for name in request.fetches.values()),
+        loss_reduction=program.reduction() if program.uses_weight() else "mean",
+        seed=request.seed,
+        device=device,
+        device_options=options,
+    )
+
+
+class StrategyEngine(AllReduceEngine):
+    """:class:`AllReduceEngine` whose members run a strategy function's replica program."""
+
+    def __init__(self, client, program: StrategyProgram, replica_program: ReplicaProgram, graph_variables, **kwargs):
+        self.replica_program = replica_program
+        self.graph_variables = list(graph_variables)
+        super().__init__(client, program, **kwargs)
+        self.strategy = program.strategy
+
+    # -- every rank's own state: what a checkpoint holds and a new generation starts from ----------
+    def state_specs(self) -> dict:
+        graph = self.replica_program.record.graph
+        names = self.replica_program.state_variables()
+        ranks = range(self.max_replicas or 1)
+        return {f"{PREFIX}{i}/{n}": (graph.get(n).shape, graph.get(n).dtype) for i in ranks for n in names}
+
+    def start(self, variables: dict, step: int) -> None:
+        slots = self.replica_program.initial_slots(variables, self.program.seed)
+        names = self.replica_program.state_variables()
+        own = {**slots, **{n: variables[n] for n in self.graph_variables}}
+        ranks = range(self.max_replicas or 1)
+        states = [{n: variables.get(f"{PREFIX}{i}/{n}", own[n]) for n in names} for i in ranks]
+        self.rank_states = ([{n: np.array(v, copy=True) for n, v in st.items()} for st in states], int(step))
+        super().start(states[0], step)
+
+    def variables(self) -> tuple[dict, int]:
+        """Rank 0's values of the graph's variables, and their step."""
+        host, step = super().variables()
+        return {n: host[n] for n in self.graph_variables}, step
+
+    def checkpoint_state(self) -> dict:
+        return {f"{PREFIX}{i}/{n}": v for i, state in enumerate(self._states(self.host[1])) for n, v in state.items()}
+
+    def _states(self, step: int) -> list[dict]:
+        """Every rank's state at ``step`` (the host copy's): each its own when they came home together."""
+        states, at = self.rank_states
+        if at == step:
+            return states
+        return [self.host[0]] * len(states)
+
+    def _outcome(self, step: int, results: list[dict]):
+        if "variables" in results[0]:
+            self.rank_states = ([r["variables"] for r in results], step)
+        outcome = super()._outcome(step, results)
+        outcome.metrics["collectives"] = max(r["collectives"] for r in results)
+        return outcome
+
+    def _launch(self, members: list[str]) -> None:
+        client = self.client
+        _, step = self.host
+        states = self._states(step)
+        if len(states) != len(members):  # fewer workers after a restart: every replica from rank 0's state
+            states = [states[0]] * len(members)
+        self.generation += 1
+        self.group = CollectiveGroup.create(
+            client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
+        )
+        program, *data = client.scatter(
+            [self.program, *(self.data[n] for n in self.program.feeds)], broadcast=True, hash=False, workers=members
+        )
+        token = self.group.token
+        self.replicas = self.workers = len(members)
+        self.started = []
+        for i, worker in enumerate(members):
+            (state,) = client.scatter([states[i]], hash=False, workers=[worker])
+            self.started.append(
+                client.submit(
+                    start_strategy_replica,
+                    program,
+                    state,
+                    step,
+                    self.group,
+                    0,
+                    *data,
+                    key=allreduce_key(self.name, "start", i, token),
+                    workers=[worker],
+                    allow_other_workers=False,
+                    priority=1 << 30,
+                    pure=False,
+                )
+            )
+
+    def _submit(self, step: int, sync: bool) -> None:
+        index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
+        group, futures = self.group, []
+        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
+        for (key, args), worker in zip(calls, group.addresses, strict=True):
+            args = (*args[:7], sync, *args[8:])  # every rank brings its state home at a sync, not rank 0 alone
+            futures.append(
+                self.client.submit(
+                    run_strategy_step,
+                    *args,
+                    key=key,
+                    workers=[worker],
+                    allow_other_workers=False,
+                    priority=-step,
+                    pure=False,
+                )
+            )
+        self.flight.append((step, futures))
+
+
+def make(request, client, options, events, strategy):
+    """The guarded engine of a fit of ``strategy`` (a strategy function) on ``client``'s cluster."""
+    from workbench.cluster.malloc import ReuseFreedMemory
+
+    engine = failures.guard(None, client, request.data)
+    with engine.translated():
+        if request.device.kind != "cpu":
+            raise ClusterError(f"strategy functions run on CPU workers for now, not {request.device.name!r}")
+        failures.check_memory(client, request.data)
+        client.register_plugin(ReuseFreedMemory())
+        workers = options.worker_count(client)
+        replicas = options.replicas or workers
+        if replicas > workers:
+            raise ClusterError(
+                f"a strategy runs one replica per worker; replicas={replicas} exceeds the {workers} workers"
+            )
+        built = ReplicaProgram.build(request.graph, request.train, strategy, replicas, tuple(request.fetches.values()))
+        shipped = strategy_program(request, built)
+        engine.engine = StrategyEngine(
+            client,
+            shipped,
+            built,
+            [v.name for v in request.graph.variables],
+            data={n: np.asarray(request.data[n]) for n in shipped.feeds},
+            batch_size=request.batch_size,
+            batch_seed=request.batch_seed,
+            workers=options.workers,
+            replicas=replicas,
+            window=options.window,
+            timeout=min(60.0, options.step_timeout or 60.0),
+            step_timeout=options.step_timeout,
+            name=request.graph.name,
+            labels=list(request.fetches),
+            sync_every=options.sync_every,
+            events=events,
+            reason=options.reason,
+        )
+    return engine

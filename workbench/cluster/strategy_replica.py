@@ -1,0 +1,230 @@
+"""The worker side of a strategy function on a cluster: one replica's program, its collectives on the
+worker-to-worker communicator.
+
+The client ships a :class:`StrategyProgram`: each variant of the replica's program (one per set of
+due ``every`` blocks, :mod:`workbench.strategies.program`) as graph JSON, never code. Each member
+worker holds a :class:`StrategyReplica` (its own copy of every variable and slot), compiles each
+variant once through :func:`~workbench.graph.compile.compile_plan`, and runs its shard of a step
+with ``comm=`` a :class:`WorkerComm`: the collective ops' kernels call the worker's
+:class:`~workbench.cluster.communicator.Communicator`, whose sums are in the same fixed pairwise
+order as the one-process simulation's, so the cluster and the simulation agree.
+
+The communicator reduces sums of flat arrays. ``all_reduce`` sum and mean go to it as they are (a
+mean scaled once by ``1 / R``, by the rank that sums each chunk, as the simulation does);
+``all_gather``, ``broadcast`` and ``all_reduce`` max/min travel as a sum of ``(R, ...)`` arrays
+that are zero but in the sender's row (adding zeros is exact), then max/min reduce the gathered
+rows in rank order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.program import open_worker_device, take_rows
+from workbench.cluster.replica import _LOCK, _REPLICAS, leave_thread_pool
+from workbench.errors import ClusterError, CollectiveError
+from workbench.graph.batch_reduction import weighted
+from workbench.graph.compile import compile_plan
+from workbench.graph.core import Graph
+from workbench.strategies.program import UPDATE
+
+
+@dataclass(frozen=True)
+class StrategyProgram:
+    """A fit's replica program as plain data for the workers.
+
+    Attributes
+    ----------
+    strategy : str
+    variants : tuple of (due periods, graph JSON)
+        The program of the steps where exactly those ``every`` blocks run.
+    periods : tuple of int
+    feeds : tuple of str
+        Placeholders fed with the shard's rows.
+    inputs : tuple of (key, placeholder)
+        ``id``, ``weight``, ``step``: what each replica is fed besides its rows.
+    weight_dtype : str
+    fetches : tuple of str
+    fetch_reductions : tuple
+        How each fetch combines across replicas (:mod:`workbench.graph.batch_reduction`).
+    loss_reduction : {"mean", "sum"}
+    seed : int
+    device, device_options :
+        As :class:`~workbench.cluster.program.TrainingProgram`'s (CPU workers).
+    """
+
+    strategy: str
+    variants: tuple
+    periods: tuple
+    feeds: tuple
+    inputs: tuple
+    weight_dtype: str
+    fetches: tuple
+    fetch_reductions: tuple
+    loss_reduction: str = "mean"
+    seed: int = 0
+    device: str = "cpu"
+    device_options: tuple = ()
+
+    def due(self, step: int) -> tuple:
+        return tuple(k for k in self.periods if step % k == 0)
+
+
+class _Waiting:
+    """A collective in flight on the communicator; :meth:`wait` gives this rank's result."""
+
+    __slots__ = ("handle", "finish", "comm")
+
+    def __init__(self, handle, finish, comm):
+        self.handle, self.finish, self.comm = handle, finish, comm
+
+    def wait(self, timeout: float | None = None):
+        started = time.perf_counter()
+        flat = self.handle.wait(timeout)
+        self.comm.wait_seconds += time.perf_counter() - started
+        return self.finish(flat)
+
+
+class WorkerComm:
+    """What a replica's plan runs with on a worker: collective kernels on the worker's communicator."""
+
+    def __init__(self, comm, step: int):
+        self.comm, self.step = comm, step
+        self.rank, self.size = comm.rank, comm.size
+        self.calls = self.collectives = 0
+        self.wait_seconds = 0.0
+
+    def start(self, kind: str, xp, value, **attrs) -> _Waiting:
+        value = np.asarray(value)
+        bucket = f"{self.step}.s{self.calls}"  # every rank runs the same plan: the n-th collectives match
+        self.calls += 1
+        self.collectives += 1
+        shape, size, op = value.shape, self.size, attrs.get("op")
+        if kind == "all_reduce" and op in ("sum", "mean"):
+            flat = np.array(value, copy=True).reshape(-1)  # the communicator reduces into its own array
+            scale = 1.0 / size if op == "mean" and size > 1 else None
+            return _Waiting(self.comm.start(bucket, flat, scale), lambda f: f.reshape(shape), self)
+        if kind == "broadcast":  # the root's value plus everyone else's zeros
+            flat = (np.array(value, copy=True) if self.rank == attrs["root"] else np.zeros_like(value)).reshape(-1)
+        else:  # each rank's value in its own row, zeros elsewhere: the sum gathers them
+            rows = np.zeros((size, *shape), dtype=value.dtype)
+            rows[self.rank] = value
+            flat = rows.reshape(-1)
+        finish = {
+            "all_gather": lambda f: f.reshape(size, *shape),
+            "broadcast": lambda f: f.reshape(shape),
+            "all_reduce": lambda f: _extreme(op, f.reshape(size, *shape)),
+        }[kind]
+        return _Waiting(self.comm.start(bucket, flat), finish, self)
+
+
+def _extreme(op: str, rows: np.ndarray) -> np.ndarray:
+    reduce = np.maximum if op == "max" else np.minimum
+    result = rows[0]
+    for row in rows[1:]:
+        result = reduce(result, row)
+    return np.array(result, copy=True)
+
+
+class StrategyReplica:
+    """One worker's replica of a strategy fit: its variables and slots, and each variant's plan."""
+
+    def __init__(self, program: StrategyProgram, variables: dict, step: int, group: CollectiveGroup, data=()):
+        self.program, self.group, self.data = program, group, tuple(data)
+        self.comm = communicator(group)
+        self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}
+        self.step, self.failed = step, None
+        self.turn = threading.Condition()
+        device = open_worker_device(program.device, program.device_options)
+        inputs = dict(program.inputs)
+        fed = [*program.feeds, *inputs.values()]
+        self.plans = {}
+        for due, text in program.variants:
+            graph = Graph.from_json(text)
+            self.plans[tuple(due)] = compile_plan(
+                graph, [UPDATE, *program.fetches], fed, device, state=self.variables, seed=program.seed, own_state=True
+            )
+
+    def run(self, step: int, rows, offset: int, fetch_weight: float, sync: bool) -> dict:
+        with self.turn:  # steps run in order (a later step that started early waits, bounded)
+            ready = self.turn.wait_for(lambda: self.failed or self.step >= step - 1, timeout=self.group.timeout)
+        if self.failed:
+            raise CollectiveError(f"replica {self.comm.rank} of {self.group.token!r} is broken: {self.failed}")
+        if not ready or self.step != step - 1:
+            raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
+        try:
+            return self._run(step, rows, offset, fetch_weight, sync)
+        except BaseException as e:
+            self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
+            raise
+        finally:
+            with self.turn:
+                self.turn.notify_all()
+
+    def _run(self, step, rows, offset, fetch_weight, sync) -> dict:
+        program, inputs = self.program, dict(self.program.inputs)
+        plan = self.plans[program.due(step)]
+        if len(_REPLICAS) > 1 and self.comm.size > 1:
+            leave_thread_pool()  # waits for peers while another run shares this worker
+        started = time.perf_counter()
+        sent, received = self.comm.bytes_sent, self.comm.bytes_received
+        feeds = {name: take_rows(source, rows) for name, source in zip(program.feeds, self.data, strict=True)}
+        feeds[inputs["id"]] = np.array(self.comm.rank, dtype=np.int64)
+        feeds[inputs["step"]] = np.array(step, dtype=np.int64)
+        weight = fetch_weight if program.loss_reduction == "mean" else 1.0
+        feeds[inputs["weight"]] = np.array(weight, dtype=program.weight_dtype)
+        comm = WorkerComm(self.comm, step)
+        values = plan.run([feeds[n] for n in plan.feed_names], step=step - 1, row_offset=offset, comm=comm)
+        self.step = step
+        fetches = [
+            weighted(r, np.array(v, copy=True), fetch_weight)
+            for r, v in zip(program.fetch_reductions, values[1:], strict=True)
+        ]
+        seconds = time.perf_counter() - started
+        result = {
+            "step": step,
+            "rank": self.comm.rank,
+            "worker": self.group.addresses[self.comm.rank],
+            "fetches": fetches,
+            "compute_seconds": seconds - comm.wait_seconds,
+            "allreduce_wait_seconds": comm.wait_seconds,
+            "update_seconds": 0.0,
+            "bytes_sent": self.comm.bytes_sent - sent,
+            "bytes_received": self.comm.bytes_received - received,
+            "collectives": comm.collectives,
+        }
+        if sync:  # every rank: replicas may differ between averaging steps (local SGD's optimizer slots)
+            result["variables"] = {name: value.copy() for name, value in self.variables.items()}
+        return result
+
+    def close(self) -> None:
+        self.comm.close()
+
+
+# -- the task functions ------------------------------------------------------------------------
+
+
+def start_strategy_replica(
+    program: StrategyProgram, variables: dict, step: int, group: CollectiveGroup, _bucket, *data
+):
+    """Make this worker's replica of ``group``'s run (dropping older generations of the same run)."""
+    run = group.token.rsplit(".", 1)[0]
+    replica = StrategyReplica(program, variables, step, group, data)
+    with _LOCK:  # the all-reduce engine's table: its stop_replicas and thread-pool rule cover these too
+        for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
+            _REPLICAS.pop(token).close()
+        _REPLICAS[group.token] = replica
+    return group.addresses[replica.comm.rank]
+
+
+def run_strategy_step(token: str, step: int, rows, offset: int, _weight, _scale, fetch_weight, sync, _started):
+    """One replica's step ``step`` (the arguments of :func:`workbench.cluster.lower.allreduce_calls`)."""
+    replica = _REPLICAS.get(token)
+    if not isinstance(replica, StrategyReplica):
+        raise CollectiveError(f"no strategy replica of run {token!r} on this worker (restarted?)")
+    return replica.run(step, rows, offset, fetch_weight, sync)
