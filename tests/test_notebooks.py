@@ -94,7 +94,8 @@ PICTURES = {
                           ("training · 30 steps · done", "2 replicas"), ("default cluster closed",)],
     "scaling.ipynb": [("graph wide",), ("scaling study · done · 2 of 2 worker counts", "efficiency")],
     "playground.ipynb": [("features", "layer 2", "epoch", "test loss"), ("graph playground",)],
-    "strategies.ipynb": [("graph mlp",), ("graph mlp-averaged", "every_4")],
+    "strategies.ipynb": [("graph mlp",), ("graph mlp-averaged", "every_4"), ("Dask cluster tcp://", "new sessions run on"),
+                         ("training · 48 steps · done", "2 replicas"), ("default cluster closed",)],
 }  # fmt: skip
 
 

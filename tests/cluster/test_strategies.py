@@ -71,3 +71,23 @@ def test_checkpoints_resume_a_cluster_fit_of_diloco(kit, client, tmp_path):
                           checkpoint_dir=tmp_path)  # fmt: skip
     assert history.records[0]["step"] == 5
     kit.assert_same_variables(straight, resumed.variables, 1e-12)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_one_and_two_replicas_of_a_user_strategy_equal_local_training(kit, client, replicas):
+    on_cluster, _ = fit(kit, client, sync, replicas=replicas)
+    local, _ = fit(kit, False, None)
+    kit.assert_same_variables(local, on_cluster, 1e-9)
+
+
+def test_three_workers_equal_local_training_and_the_simulation(kit, client3):
+    local, _ = fit(kit, False, None)
+    on_cluster, _ = fit(kit, client3, sync, replicas=3)  # shards of 11, 11, 10 rows
+    kit.assert_same_variables(local, on_cluster, 1e-9)
+    strategy = wb.strategies.diloco(every=2)
+    kit.assert_same_variables(fit(kit, False, strategy, replicas=3)[0], fit(kit, client3, strategy, replicas=3)[0], 1e-9)
+
+
+def test_an_unknown_name_on_a_cluster_lists_engines_and_strategies(kit, client):
+    with pytest.raises(wb.StrategyError, match="unknown strategy 'nope'; cluster engines are allreduce, parameter_server"):
+        fit(kit, client, "nope", replicas=2)
