@@ -262,10 +262,10 @@ class SimulatedReplicas:
         try:
             plan = self._plan(rank, due)
             feeds = {name: self.device.put(a[rows]) for name, a in req.data.items()}
-            feeds[inputs["id"]] = np.array(rank, dtype=np.int64)
-            feeds[inputs["step"]] = np.array(step, dtype=np.int64)
             dtype = self.program.record.graph.get(inputs["weight"]).dtype
-            feeds[inputs["weight"]] = np.array(weight(kind, len(rows), total), dtype=dtype)
+            feeds[inputs["id"]] = self.device.put(np.array(rank, dtype=np.int64))
+            feeds[inputs["step"]] = self.device.put(np.array(step, dtype=np.int64))
+            feeds[inputs["weight"]] = self.device.put(np.array(weight(kind, len(rows), total), dtype=dtype))
             sent, count = member.bytes_sent, member.collectives
             member.begin(step)
             started = time.perf_counter()
