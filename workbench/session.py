@@ -527,12 +527,11 @@ def _runs_a_strategy_function(strategy) -> bool:
     if strategy is None or (isinstance(strategy, str) and strategy in STRATEGIES):
         return False
     if isinstance(strategy, str) and not is_strategy(strategy):
-        from workbench.errors import StrategyError
         from workbench.strategies import names
 
-        raise StrategyError(
-            f"unknown strategy {strategy!r}; cluster engines are {', '.join(sorted(STRATEGIES))}, "
-            f"registered strategies are {', '.join(names())}"
+        raise ClusterError(
+            f"unknown strategy {strategy!r}; strategies are {', '.join(sorted(STRATEGIES))} (cluster engines) "
+            f"and {', '.join(names())} (registered strategy functions)"
         )
     return is_strategy(strategy)
 
