@@ -77,6 +77,13 @@ class LocalValidation:
 
     def evaluate(self, engine, step: int) -> dict:
         """The :class:`~workbench.events.Validated` fields of ``step``."""
+        from workbench.fitloop import LocalSteps
+
+        if not isinstance(engine, LocalSteps):  # the simulation's replicas hold the step's variables, not the session
+            variables, at = engine.variables()
+            if at != step:
+                raise RuntimeError(f"step engine {engine.strategy!r} holds step {at}'s variables, not step {step}'s")
+            self.session.set_variables(variables)
         values = self.session.run(list(self.fetches.values()), self.data)
         return {"step": step, "fetches": _labelled(self.fetches, values), "examples": self.examples}
 

@@ -224,3 +224,12 @@ def test_parameter_server_still_needs_a_cluster(data):
     g, train, _ = mlp()
     with pytest.raises(wb.ClusterError, match="strategy='parameter_server' needs a cluster"):
         fit(g, train, data, steps=1, strategy="parameter_server")
+
+
+def test_validation_of_a_simulated_fit_sees_the_steps_variables(data):
+    g, train, loss = mlp()
+    held_out = {"x": data["x"][:64], "y": data["y"][:64]}
+    _, local = fit(g, train, data, steps=6, fetches={"loss": loss}, validation=(held_out, 3))
+    _, simulated = fit(g, train, data, steps=6, fetches={"loss": loss}, validation=(held_out, 3), replicas=2)
+    np.testing.assert_allclose(simulated["val_loss"], local["val_loss"], rtol=1e-9)
+    assert len(simulated["val_loss"]) == 2
