@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from workbench.errors import CollectiveError
+from workbench.errors import ArgumentError, CollectiveError
 from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_boundaries
 from workbench.graph.compile import compile_plan
 from workbench.graph.batch_reduction import combine as combine_fetch
@@ -147,6 +147,10 @@ class SimulatedReplicas:
 
     def __init__(self, request: FitRequest, strategy, replicas: int):
         self.request, self.replicas = request, int(replicas)
+        if request.batch_size < self.replicas:
+            raise ArgumentError(
+                f"a batch of {request.batch_size} examples cannot be split across {self.replicas} replicas"
+            )
         self.program = ReplicaProgram.build(
             request.graph, request.train, strategy, self.replicas, tuple(request.fetches.values())
         )

@@ -233,3 +233,9 @@ def test_validation_of_a_simulated_fit_sees_the_steps_variables(data):
     _, simulated = fit(g, train, data, steps=6, fetches={"loss": loss}, validation=(held_out, 3), replicas=2)
     np.testing.assert_allclose(simulated["val_loss"], local["val_loss"], rtol=1e-9)
     assert len(simulated["val_loss"]) == 2
+
+
+def test_more_replicas_than_examples_in_a_batch_are_refused(data):
+    g, train, _ = mlp()
+    with pytest.raises(wb.ArgumentError, match="a batch of 2 examples cannot be split across 3 replicas"):
+        fit(g, train, data, steps=1, batch_size=2, replicas=3)

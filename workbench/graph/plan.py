@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.rng import generator
+from workbench.graph.schedule import HandleSlot, schedule_collectives, wait
 from workbench.ops.collective import SOLO
 from workbench.ops.fused import FUSED
 
@@ -115,14 +116,14 @@ class Plan:
                 self.reads.append((new_slot(op.outputs[0]), op.name))
             elif op.opdef.collective:  # a start (input -> handle) and a done (handle -> output)
                 ins = [slot_of[t] for t in op.inputs]
-                handle = new_slot(_Handle(op))
+                handle = new_slot(HandleSlot(op))
                 step_io.append((op, ins, [handle]))
                 # the done also holds the input, so no step writes into it while peers may read it
                 step_io.append((op, [handle, *ins], [new_slot(t) for t in op.outputs]))
             elif op.opdef.kernel is not None:
                 ins = [slot_of[t] for t in op.inputs]
                 step_io.append((op, ins, [new_slot(t) for t in op.outputs]))
-        step_io, self._starts = _schedule_collectives(step_io)
+        step_io, self._starts = schedule_collectives(step_io)
         self.feed_slots = [feed_slots[name] for name in feeds]
         self.fetch_slots = []
         for name in fetches:
@@ -136,7 +137,7 @@ class Plan:
                 get = itemgetter(slice(ins[0], ins[0] + 1)) if ins else _nothing
             donors = lifetimes.donors(i, op, ins, outs)
             if op.opdef.collective:
-                fn = self._bind_start(op) if i in self._starts else _wait
+                fn = self._bind_start(op) if i in self._starts else wait
             else:
                 fn = self._bind(op, lifetimes.update_guard(i) if op.opdef.stateful else lifetimes.guard(i), donors)
             if donors or (op.opdef.stateful and op.opdef.inplace is not None and own_state):
@@ -430,52 +431,6 @@ def written_variables(op: Operation) -> list[str]:
 
 def _nothing(slots) -> tuple:
     return ()
-
-
-class _Handle:
-    """The slot key of a collective's handle (between its start and its done)."""
-
-    __slots__ = ("op",)
-
-    def __init__(self, op: Operation):
-        self.op = op
-
-
-def _wait(handle, *_inputs):
-    """The done of a collective: its result, once every peer has sent its part."""
-    return handle.wait()
-
-
-def _schedule_collectives(step_io: list) -> tuple[list, set[int]]:
-    """``step_io`` with each collective's done moved down to just before its first consumer and its
-    start up to just after its inputs are made (XLA's async start/done), so that communication
-    overlaps the steps between; and the positions of the starts. (Each collective comes as a start
-    followed by its done, in graph order.)"""
-    if not any(op.opdef.collective for op, _ins, _outs in step_io):
-        return step_io, set()
-    order = list(step_io)
-    starts, dones, k = [], [], 0
-    while k < len(order):
-        if order[k][0].opdef.collective:
-            starts.append(order[k])
-            dones.append(order[k + 1])
-            k += 2
-        else:
-            k += 1
-    for done in reversed(dones):  # later first: a consumer that is another collective's start has not moved yet
-        at = _index(order, done)
-        order.pop(at)
-        used = [k for k in range(at, len(order)) if set(order[k][1]) & set(done[2])]
-        order.insert(used[0] if used else len(order), done)
-    for start in starts:
-        order.pop(_index(order, start))
-        made = [k for k, (_op, _ins, outs) in enumerate(order) if set(outs) & set(start[1])]
-        order.insert(max(made) + 1 if made else 0, start)
-    return order, {_index(order, s) for s in starts}
-
-
-def _index(entries: list, entry) -> int:
-    return next(k for k, e in enumerate(entries) if e is entry)
 
 
 def _with_slots(get: Callable) -> Callable:
