@@ -96,3 +96,29 @@ def test_an_unknown_name_on_a_cluster_lists_engines_and_strategies(kit, client):
         match=r"unknown strategy 'nope'; strategies are allreduce, parameter_server \(cluster engines\) and .*diloco",
     ):
         fit(kit, client, "nope", replicas=2)
+
+
+@pytest.mark.parametrize("strategy", [sync, wb.strategies.local_sgd(every=3)], ids=["user_sync", "local_sgd"])
+def test_a_lost_step_restarts_from_the_last_sync_with_every_ranks_state(kit, client, monkeypatch, strategy):
+    from workbench.cluster.strategy_engine import StrategyEngine
+
+    straight, _ = fit(kit, client, strategy, steps=16, replicas=2, sync_every=5)
+    restarts = []
+    submit = StrategyEngine._submit
+
+    def submit_then_cancel(self, step, sync):
+        submit(self, step, sync)
+        if step == 12 and not restarts:  # lose step 12 once, as a dead worker would
+            restarts.append(step)
+            self.client.cancel(self.flight[-1][1])
+
+    monkeypatch.setattr(StrategyEngine, "_submit", submit_then_cancel)
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    events = []
+    sess.events.subscribe(lambda e: events.append(e["step"]) if e["kind"] == "restarted" else None)
+    history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=16, replicas=2, strategy=strategy, sync_every=5,
+                       fetches={"loss": m["loss"]})  # fmt: skip
+    assert events == [10]  # redone from the copy of step 10, every rank from its own state
+    assert [r["step"] for r in history.records] == list(range(1, 17))
+    kit.assert_same_variables(straight, sess.variables, 1e-12)
