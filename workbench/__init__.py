@@ -44,6 +44,7 @@ from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench import cluster
 from workbench.session import Session
+from workbench.model import Model, export_onnx, load_model
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History
 
@@ -104,7 +105,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     zeros_like,
 )
 
-__version__ = "0.1.0"
+from workbench.version import __version__  # noqa: E402
 
 __all__ = [
     "ArgumentError",
@@ -124,6 +125,9 @@ __all__ = [
     "Operation",
     "PathError",
     "Session",
+    "Model",
+    "export_onnx",
+    "load_model",
     "accuracy",
     "metrics",
     "ShapeError",

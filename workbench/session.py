@@ -469,6 +469,24 @@ class Session:
         loaded = checkpoint.restore(path, self.graph.variables, strict)  # checked against the graph before reading
         self._put(loaded)
 
+    def export(
+        self, path: str | os.PathLike, inputs: dict, outputs: dict, feed_dict=None, private: bool = False
+    ) -> str:
+        """Write the inference graph of ``outputs`` with the trained values to ``path``, atomically.
+
+        ``inputs`` and ``outputs`` map signature names to tensors (or their names): the file
+        keeps only what the outputs need from the inputs, in inference mode (dropout is the
+        identity, training switches are off; see :mod:`workbench.graph.export`), the
+        variables' current values, the signature (batch axis of any size) and the
+        workbench version. ``feed_dict`` freezes other placeholders to values.
+        :func:`workbench.load_model` reads it back; :func:`workbench.export_onnx` writes ONNX.
+        """
+        from workbench import modelfile
+        from workbench.graph.export import inference_graph
+
+        graph, signature = inference_graph(self.graph, inputs, outputs, self.variables, feed_dict)
+        return modelfile.write(path, graph, signature, private=private)
+
     def set_variables(self, values: dict, strict: bool = False) -> None:
         """Set variables from ``values`` (name to array), after checking every name, shape and dtype.
 
