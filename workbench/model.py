@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import types
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,7 @@ class Model:
         graph = optimize(self.graph, list(fetches.values()), fed=list(checked))
         tensors = [self.graph.get(t) for t in fetches.values()]
         arrays = run_sharded(graph, tensors, checked, self.variables, seed=0, device=(device, options))
-        return dict(zip(fetches, arrays))
+        return dict(zip(fetches, arrays, strict=True))
 
     def __repr__(self) -> str:
         ins = ", ".join(map(repr, self.inputs.values()))
@@ -126,7 +127,9 @@ def _dask_feed(info: TensorInfo, value):
     if not is_dask_array(value):
         value = np.asarray(value)
     shape, dtype = tuple(value.shape), np.dtype(value.dtype)
-    if len(shape) != len(info.shape) or not all(d is None or d == s for d, s in zip(info.shape[1:], shape[1:])):
+    if len(shape) != len(info.shape) or not all(
+        d is None or d == s for d, s in zip(info.shape[1:], shape[1:], strict=True)
+    ):
         raise FeedError(f"input {info.name!r} expects shape {_fmt(info.shape)}, got {_fmt(shape)}")
     if dtype == object or not np.can_cast(dtype, info.dtype, "same_kind"):
         raise FeedError(f"input {info.name!r} expects {info.dtype} values, got {dtype}")

@@ -22,7 +22,8 @@ unknown) and the graph tensors they stand for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -247,7 +248,7 @@ def _as_value(ph: Tensor, value) -> np.ndarray:
         raise FeedError(f"placeholder {ph.name!r} expects {ph.dtype} values, got {array.dtype}")
     array = cast_exactly(array, ph.dtype, f"placeholder {ph.name!r}")
     if ph.shape is not None and (
-        array.ndim != len(ph.shape) or not all(d is None or d == s for d, s in zip(ph.shape, array.shape))
+        array.ndim != len(ph.shape) or not all(d is None or d == s for d, s in zip(ph.shape, array.shape, strict=True))
     ):
         raise FeedError(f"placeholder {ph.name!r} expects shape {rules.fmt(ph.shape)}, got {rules.fmt(array.shape)}")
     array = np.array(array)
