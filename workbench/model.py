@@ -163,7 +163,7 @@ def export_onnx(source, path: str | os.PathLike, inputs=None, outputs=None, opse
         Signature name to tensor (or name), as for ``Session.export``; a Model's own
         signature when left out.
     opset : int, optional
-        The ONNX opset (default :data:`workbench.graph.onnx.DEFAULT_OPSET`).
+        The ONNX opset (default :data:`workbench.graph.onnx_export.DEFAULT_OPSET`).
     feed_dict : dict, optional
         Placeholders that are not inputs, frozen to these values.
 
@@ -174,7 +174,7 @@ def export_onnx(source, path: str | os.PathLike, inputs=None, outputs=None, opse
         checked with ``onnx.checker.check_model`` before it is written. An op without an
         ONNX form raises a ``GraphError`` naming it and the line that made it.
     """
-    from workbench.graph.onnx import to_onnx
+    from workbench.graph.onnx_export import to_onnx
 
     graph, signature = _inference_of(source, inputs, outputs, feed_dict)
     proto = to_onnx(graph, signature, opset=opset)
