@@ -98,12 +98,8 @@ def test_the_file_holds_only_the_inference_graph_and_its_signature(trained_mlp):
     assert types <= {"placeholder", "variable", "matmul", "add", "tanh", "softmax", "constant"}, types
     assert not types & TRAINING_OPS
     assert not [n for n in names if n.startswith(("stats/", "gradients")) or "adam" in n.lower()]
-    assert sorted(n for n in names if found["graph"]["operations"][names.index(n)]["type"] == "variable") == [
-        "b0",
-        "b1",
-        "w0",
-        "w1",
-    ]  # fmt: skip: no optimizer slots
+    variables = sorted(op["name"] for op in found["graph"]["operations"] if op["type"] == "variable")
+    assert variables == ["b0", "b1", "w0", "w1"]  # no optimizer slots
     assert found["format"] == "workbench-model" and found["version"] == 1 and found["workbench"] == wb.__version__
     assert found["signature"] == {
         "inputs": [{"name": "x", "tensor": "x", "dtype": "float32", "shape": [None, 6]}],
