@@ -191,6 +191,19 @@ def test_a_placeholder_that_is_neither_input_nor_fixed_is_named(tmp_path):
         wb.Session(g).export(tmp_path / "m", {"x": x}, {"y": y})
 
 
+def test_a_placeholder_only_the_training_branch_needs_need_not_be_given(tmp_path):
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2))
+        training = wb.placeholder("training", shape=(), dtype="bool")
+        noise = wb.placeholder("noise", shape=(None, 2))  # fed while training only
+        y = wb.where(training, x + noise, x) * 3.0
+    model = wb.load_model(wb.Session(g).export(tmp_path / "m", {"x": x}, {"y": y}))
+    assert sorted(op.type for op in model.graph.operations) == ["constant", "identity", "multiply", "placeholder"]
+    X = np.array([[1.0, -2.0]], "float32")
+    np.testing.assert_array_equal(model.predict(X)["y"], X * np.float32(3.0))
+
+
 @pytest.mark.parametrize(
     "inputs, outputs, error, match",
     [

@@ -190,12 +190,13 @@ def inference_graph(
     fixed = _fixed_values(graph, feed_dict or {}, placeholders)
     fetches = [t.name for t in outs.values()]
     needed = _data_needed(graph, fetches, placeholders)
-    replace = _inference_replace(placeholders, fixed, dict(values or {}), graph)
+    replace = _inference_replace(placeholders, fixed, dict(values or {}))
     try:
         new = rebuild(graph, keep=needed.__contains__, replace=replace)[0]
     except (ShapeError, DTypeError) as e:
         raise GraphError(f"the inference graph needs the inputs' batch size to be fixed: {e}") from None
     new = _settle(new, fetches, placeholders)
+    _check_unfed(new, placeholders)
     _check_inference(new)
     inputs_out = tuple(_info(name, new.get(t.name)) for name, t in ins.items())
     outputs_out = tuple(_info(name, new.get(t.name)) for name, t in outs.items())
@@ -270,12 +271,13 @@ def _data_needed(graph: Graph, fetches: list[str], stop: set[str]) -> set[Operat
     return needed
 
 
-def _inference_replace(inputs: set[str], fixed: dict, values: dict, graph: Graph):
+def _inference_replace(inputs: set[str], fixed: dict, values: dict):
     def replace(op: Operation, new_inputs):
         if op.type == "placeholder":
             if op.name in inputs:
                 return "placeholder", (), {**op.attrs, "shape": _batch_any(op)}
-            return "constant", (), {"value": _frozen(op, fixed, graph)}
+            value = _frozen(op, fixed)
+            return None if value is None else ("constant", (), {"value": value})
         if op.type == "variable" and op.name in values:
             value = np.array(values[op.name], dtype=op.attrs["dtype"])
             value.setflags(write=False)
@@ -296,8 +298,8 @@ def _batch_any(op: Operation) -> tuple:
     return (None, *shape[1:])
 
 
-def _frozen(op: Operation, fixed: dict, graph: Graph) -> np.ndarray:
-    """The value a placeholder that is not an input is frozen to."""
+def _frozen(op: Operation, fixed: dict) -> np.ndarray | None:
+    """The value a placeholder that is not an input is frozen to, or None (an error if still needed later)."""
     if op.name in fixed:
         return fixed[op.name]
     tensor = op.outputs[0]
@@ -305,10 +307,17 @@ def _frozen(op: Operation, fixed: dict, graph: Graph) -> np.ndarray:
         return _as_value(tensor, False)
     if op.attrs.get("default") is not None:
         return _as_value(tensor, op.attrs["default"])
-    raise GraphError(
-        f"the outputs need placeholder {op.name!r}, which is not an input: add it to inputs, or give its "
-        f"value in feed_dict{_where(op)}"
-    )
+    return None
+
+
+def _check_unfed(graph: Graph, inputs: set[str]) -> None:
+    """GraphError for a placeholder the inference graph still needs that is neither an input nor frozen."""
+    for op in graph.operations:
+        if op.type == "placeholder" and op.name not in inputs:
+            raise GraphError(
+                f"the outputs need placeholder {op.name!r}, which is not an input: add it to inputs, or give "
+                f"its value in feed_dict{_where(op)}"
+            )
 
 
 def _where(op: Operation) -> str:
