@@ -105,6 +105,22 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     zeros_like,
 )
 
+from workbench.ops import (  # noqa: E402, F401 - normalization, attention, pooling, padding, special, indexing
+    avg_pool2d,
+    clip,
+    cumsum,
+    erf,
+    gelu,
+    layer_norm,
+    moments,
+    pad,
+    rsqrt,
+    scaled_dot_product_attention,
+    scatter_add,
+    square,
+    top_k,
+)
+
 from workbench.version import __version__  # noqa: E402
 
 __all__ = [
