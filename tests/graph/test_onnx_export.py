@@ -259,3 +259,119 @@ def test_valid_and_same_pooling_and_convolution_geometries(tmp_path):
     for name, a, b in zip(outs, got, sess.run(list(outs.values()), {x: X}), strict=True):
         assert a.shape == b.shape, name
         assert_close(a, b)
+
+
+# -- the models' ops ---------------------------------------------------------------------------------------------
+
+
+def _layer_norm_trailing(x):
+    scale = wb.variable("scale", init=np.linspace(0.5, 1.5, 6).astype("float32"))
+    return wb.layer_norm(x, scale, wb.variable("offset", init=np.full(6, 0.1, "float32")))
+
+
+def _layer_norm_stats(x):
+    y, mean, rstd = wb.ops.registry.apply(
+        "layer_norm",
+        x,
+        wb.constant(np.ones(6, "float32")),
+        wb.constant(np.zeros(6, "float32")),
+        axis=(1,),
+        epsilon=1e-3,
+    )
+    return y + mean * rstd
+
+
+def _top_k(x):
+    values, indices = wb.top_k(x, 3)
+    return values + wb.cast(indices, "float32")
+
+
+MODEL_CASES = {
+    "rsqrt_square_erf": lambda x: wb.rsqrt(wb.abs(x) + 1.0) + wb.square(x) + wb.erf(x),
+    "clip": lambda x: wb.clip(x, -0.5, wb.constant(np.linspace(0.1, 1.0, 6).astype("float32"))),
+    "gelu": lambda x: wb.gelu(x),
+    "gelu_tanh": lambda x: wb.gelu(x, approximate="tanh"),
+    "layer_norm": _layer_norm_trailing,
+    "layer_norm_middle_axis": lambda x: wb.layer_norm(
+        wb.reshape(x, (-1, 2, 3)), wb.constant(np.ones((2,), "float32")), wb.constant(np.zeros((2,), "float32")), axis=1
+    ),
+    "layer_norm_stats": _layer_norm_stats,
+    "moments": lambda x: wb.moments(x, axes=[1])[1] + wb.moments(x, axes=[1], keepdims=True)[0][:, 0],
+    "cumsum": lambda x: wb.cumsum(x, axis=1) + wb.cumsum(x, axis=1, exclusive=True, reverse=True),
+    "top_k": _top_k,
+    "pad": lambda x: wb.pad(x, [(0, 0), (2, 1)], value=1.5) + wb.pad(x, [(0, 0), (1, 2)], mode="reflect"),
+}
+
+
+@pytest.mark.parametrize("opset", [13, 17, 20])
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+def test_each_new_op_in_onnx_runtime_equals_sess_run(tmp_path, case, opset):
+    g = wb.Graph(name=case)
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 6))
+        out = MODEL_CASES[case](x)
+    sess = wb.Session(g)
+    path = wb.export_onnx(sess, tmp_path / "op.onnx", inputs={"x": x}, outputs={"out": out}, opset=opset)
+    types = {n.op_type for n in onnx.load(path).graph.node}
+    if case == "layer_norm":
+        assert ("LayerNormalization" in types) == (opset >= 17)
+    if case.startswith("gelu"):
+        assert ("Gelu" in types) == (opset >= 20)
+    for n in (3, 8):
+        X = _f((n, 6), seed=n)
+        (got,) = run_onnx(path, {"x": X})
+        assert_close(got, sess.run(out, {x: X}))
+
+
+def test_scatter_add_needs_opset_16(tmp_path):
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 4))
+        ids = wb.placeholder("ids", shape=(None,), dtype="int32")
+        out = wb.scatter_add(wb.variable("base", shape=(5, 4)), ids, x)
+    sess = wb.Session(g)
+    with pytest.raises(wb.GraphError, match=r"\(scatter_add\) needs opset 16 or newer.*\n.*test_onnx_export"):
+        wb.export_onnx(sess, tmp_path / "s.onnx", {"x": x, "ids": ids}, {"out": out}, opset=15)
+    path = wb.export_onnx(sess, tmp_path / "s.onnx", {"x": x, "ids": ids}, {"out": out}, opset=16)
+    feeds = {"x": _f((7, 4)), "ids": np.array([0, 4, 4, 1, 0, 0, 2], "int32")}  # repeats add up
+    assert_close(run_onnx(path, feeds)[0], sess.run(out, {x: feeds["x"], ids: feeds["ids"]}))
+
+
+@pytest.mark.parametrize("length", [5, None])
+def test_attention_from_primitives_equals_sess_run(tmp_path, length):
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2, length, 4))
+        mask = wb.placeholder("mask", shape=(None, 1, 1, length), dtype="bool")
+        wq = wb.variable("wq", shape=(4, 4))
+        q, k = x @ wq, x * 0.5
+        outs = {
+            "plain": wb.scaled_dot_product_attention(q, k, x),
+            "causal": wb.scaled_dot_product_attention(q, k, x, causal=True, scale=0.3),
+            "masked": wb.scaled_dot_product_attention(q, k, x, mask=mask, causal=True),
+        }
+    sess = wb.Session(g)
+    path = wb.export_onnx(sess, tmp_path / "att.onnx", {"x": x, "mask": mask}, outs)
+    rng = np.random.default_rng(0)
+    for n in (1, 3):
+        X = _f((n, 2, 5, 4), seed=n)
+        M = rng.random((n, 1, 1, 5)) > 0.3
+        M[..., 0] = True  # every query keeps a key it may see
+        got = run_onnx(path, {"x": X, "mask": M})
+        for a, b in zip(got, sess.run(list(outs.values()), {x: X, mask: M}), strict=True):
+            assert_close(a, b)
+
+
+def test_average_pooling_counts_only_real_pixels(tmp_path):
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2, 7, 8))
+        outs = {
+            f"avg{k}{s}{p}": wb.avg_pool2d(x, k, stride=s, padding=p)
+            for k, s, p in [(3, 2, "same"), (2, 3, "same"), (3, 1, "same"), (2, 2, "valid")]
+        }
+    sess = wb.Session(g)
+    path = wb.export_onnx(sess, tmp_path / "avg.onnx", {"x": x}, outs)
+    X = _f((3, 2, 7, 8)) + 5.0  # padding that counted would pull the means down
+    for a, b in zip(run_onnx(path, {"x": X}), sess.run(list(outs.values()), {x: X}), strict=True):
+        assert_close(a, b)

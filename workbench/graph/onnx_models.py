@@ -13,8 +13,8 @@ import math
 import numpy as np
 
 from workbench.errors import GraphError
-from workbench.graph.onnx_builder import converts, source_line
-from workbench.graph.onnx_ops import _int64, _window_attrs
+from workbench.graph.onnx_builder import converts, source_line, tensor_type
+from workbench.graph.onnx_ops import _window_attrs
 from workbench.ops import rules
 
 
@@ -152,7 +152,9 @@ def _scatter_add(b, op, ins):
         raise GraphError(
             f"op {op.name!r} (scatter_add) needs opset 16 or newer (ScatterND's reduction){source_line(op)}"
         )
-    indices = _int64(b, op, ins[1], op.inputs[1])
+    indices = ins[1]
+    if op.inputs[1].dtype != "int64":  # ScatterND takes int64 indices only
+        indices = b.one("Cast", [indices], op.name + "/indices", to=tensor_type("int64"))
     at = b.one("Unsqueeze", [indices, b.ints([-1], op.name + "/axes")], op.name + "/at")
     return [b.one("ScatterND", [ins[0], at, ins[2]], op.name, reduction="add")]
 
