@@ -25,6 +25,9 @@ from workbench.session import Session
 from workbench.training import is_dask_array
 
 
+ONNX_LIMIT = 2**31  # protobuf's limit on one message: larger models need ONNX's external data
+
+
 class Model:
     """An inference graph with its trained values and signature, as :func:`load_model` reads it.
 
@@ -178,6 +181,9 @@ def export_onnx(source, path: str | os.PathLike, inputs=None, outputs=None, opse
 
     graph, signature = _inference_of(source, inputs, outputs, feed_dict)
     proto = to_onnx(graph, signature, opset=opset)
+    size = proto.ByteSize()
+    if size >= ONNX_LIMIT:
+        raise GraphError(f"the ONNX model of {graph.name!r} takes {size:,} bytes; one ONNX file holds less than 2 GiB")
     data = proto.SerializeToString()
     return checkpoint.write_atomically(path, lambda f: f.write(data), what="ONNX file")
 

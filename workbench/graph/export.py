@@ -44,11 +44,9 @@ INFERENCE_RULES: dict[str, Callable] = {}
 def inference_rule(op_type: str):
     """Register the inference form of ``op_type``: ``rule(op, inputs)`` returns ``(type, inputs, attrs)``
     for the op that replaces it (``inputs`` are the new graph's tensors of ``op.inputs``), or None
-    to keep it. Only the replacement's first output stands for the op's first output.
-
-    >>> @inference_rule("my_noise")  # doctest: +SKIP
-    ... def _(op, inputs):
-    ...     return "identity", inputs[:1], {}
+    to keep it. Only the replacement's first output stands for the op's first output. A layer
+    whose op behaves differently in training (a batch norm op with its own statistics, say)
+    registers its inference form here (from the graph layer or above: where the layer is built).
     """
 
     def register(rule: Callable) -> Callable:
