@@ -375,3 +375,73 @@ def test_average_pooling_counts_only_real_pixels(tmp_path):
     X = _f((3, 2, 7, 8)) + 5.0  # padding that counted would pull the means down
     for a, b in zip(run_onnx(path, {"x": X}), sess.run(list(outs.values()), {x: X}), strict=True):
         assert_close(a, b)
+
+
+def transformer():
+    """Token embeddings, one causal self-attention block with layer norms and a GELU MLP, a classifier."""
+    g = wb.Graph(name="transformer")
+    with g.as_default():
+        ids = wb.placeholder("ids", shape=(None, 6), dtype="int64")
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        h = wb.gather(wb.variable("embed", shape=(11, 8), init="normal"), ids)  # (N, 6, 8)
+        heads = wb.transpose(wb.reshape(h, (-1, 6, 2, 4)), (0, 2, 1, 3))  # (N, 2, 6, 4)
+        q, k, v = (heads @ wb.variable(f"w{n}", shape=(4, 4)) for n in "qkv")
+        att = wb.reshape(wb.transpose(wb.scaled_dot_product_attention(q, k, v, causal=True), (0, 2, 1, 3)), (-1, 6, 8))
+        h = wb.layer_norm(
+            h + att,
+            wb.variable("ln1_scale", shape=(8,), init="ones"),
+            wb.variable("ln1_offset", shape=(8,), init="zeros"),
+        )
+        mlp = wb.gelu(h @ wb.variable("up", shape=(8, 16))) @ wb.variable("down", shape=(16, 8))
+        h = wb.layer_norm(
+            h + mlp,
+            wb.variable("ln2_scale", shape=(8,), init="ones"),
+            wb.variable("ln2_offset", shape=(8,), init="zeros"),
+        )
+        logits = wb.mean(h, axis=1) @ wb.variable("head", shape=(8, 3))
+        probs = wb.softmax(logits, name="probs")
+        train = wb.optimizers.Adam(0.01).minimize(wb.mean(wb.softmax_cross_entropy(logits, y)))
+    return g, ids, y, probs, train
+
+
+def residual_cnn():
+    g = wb.Graph(name="resnet")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3, 8, 8))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        stem = wb.relu(wb.conv2d(x, wb.variable("stem", shape=(4, 3, 3, 3), init="he_normal"), padding="same"))
+        branch = wb.relu(wb.conv2d(stem, wb.variable("c1", shape=(4, 4, 3, 3), init="he_normal"), padding="same"))
+        branch = wb.conv2d(branch, wb.variable("c2", shape=(4, 4, 3, 3), init="he_normal"), padding="same")
+        h = wb.relu(stem + branch)  # the residual connection
+        h = wb.avg_pool2d(
+            wb.conv2d(h, wb.variable("down", shape=(8, 4, 3, 3), init="he_normal"), stride=2, padding="same"),
+            3,
+            stride=2,
+            padding="same",
+        )
+        logits = wb.mean(h, axis=(2, 3)) @ wb.variable("head", shape=(8, 3))
+        probs = wb.softmax(logits, name="probs")
+        train = wb.optimizers.Momentum(0.05, 0.9).minimize(wb.mean(wb.softmax_cross_entropy(logits, y)))
+    return g, x, y, probs, train
+
+
+@pytest.mark.parametrize("build", [transformer, residual_cnn])
+def test_a_transformer_and_a_residual_cnn_in_onnx_runtime_and_load_model(tmp_path, build):
+    g, x, y, probs, train = build()
+    rng = np.random.default_rng(0)
+    if x.dtype == "int64":
+        make = lambda n: rng.integers(0, 11, (n, 6))  # noqa: E731
+    else:
+        make = lambda n: rng.normal(size=(n, 3, 8, 8)).astype("float32")  # noqa: E731
+    X = make(64)
+    Y = (X.reshape(64, -1)[:, 0] % 3).astype("int64") if x.dtype == "int64" else (X[:, 0, 0, 0] > 0).astype("int64")
+    sess = wb.Session(g, seed=1)
+    sess.fit(train, {x: X, y: Y}, batch_size=16, steps=4)
+    onnx_path = wb.export_onnx(sess, tmp_path / "m.onnx", inputs={"x": x}, outputs={"probs": probs})
+    onnx.checker.check_model(onnx.load(onnx_path), full_check=True)
+    model = wb.load_model(sess.export(tmp_path / "m.wbmodel", inputs={"x": x}, outputs={"probs": probs}))
+    for n in (2, 13):
+        batch = make(n)
+        expected = sess.run(probs, {x: batch})
+        np.testing.assert_array_equal(model.predict({"x": batch})["probs"], expected)
+        assert_close(run_onnx(onnx_path, {"x": batch})[0], expected)
