@@ -38,6 +38,7 @@ from workbench.graph import (
     name_scope,
     reset_default_graph,
 )
+from workbench.graph import cond, scan
 from workbench.graph.precision import mixed_precision
 from workbench.graph.probes import watch
 from workbench.metrics import accuracy
@@ -161,6 +162,8 @@ __all__ = [
     "ScalingStudy",
     "scaling_study",
     "cluster",
+    "cond",
+    "scan",
     *_PUBLIC_OPS,
 ]
 

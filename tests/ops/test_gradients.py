@@ -17,6 +17,7 @@ import pytest
 
 import workbench as wb
 from workbench import ops
+from workbench.graph.tree import flatten
 from workbench.ops.array import encode_index
 from workbench.ops.registry import REGISTRY
 
@@ -213,6 +214,11 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
 }  # fmt: skip
 
 
+def leaves(value):
+    """The tensors of a nested result (a scan's carry and outputs), as one tuple."""
+    return tuple(flatten(value)[0])
+
+
 def ln_case(r, shape, axis):
     axes = (axis,) if isinstance(axis, int) else axis
     pshape = tuple(shape[a] for a in axes)
@@ -270,6 +276,17 @@ GRADIENT_CASES.update({
     "scatter_add": lambda r: [Case(wb.scatter_add, (normal(r, 4, 3), indices(1, 3, 1, 1), normal(r, 4, 3))),
                               Case(wb.scatter_add, (normal(r, 5), indices([0, 4], [4, 2]), normal(r, 2, 2)))],
     "scaled_dot_product_attention": attention_cases,
+    "scan": lambda r: [
+        Case(lambda xs, h, w: wb.scan(lambda h, x: (wb.tanh(h * w + x), h * x), xs, h), (normal(r, 4, 3), normal(r, 3), normal(r, 3))),
+        Case(lambda xs, a, b: leaves(wb.scan(lambda c, x: ((c[0] * x[0], c[1] + wb.sum(x[1])), [c[0] - x[1]]), (xs, xs * 2.0),
+                                             (a, b), reverse=True)), (normal(r, 3, 2), normal(r, 2), normal(r))),
+        Case(lambda h, w: wb.scan(lambda h, _: (wb.tanh(h) * w, None), None, h, length=3)[0], (normal(r, 2), normal(r, 2))),
+    ],
+    "cond": lambda r: [
+        Case(lambda p, x, y: wb.cond(p, lambda: x * y, lambda: wb.exp(x)), (np.array(v), normal(r, 3), normal(r, 3)))
+        for v in (True, False)
+    ] + [Case(lambda p, x, y: wb.cond(p, lambda: (x, y * 2.0), lambda: (y, x * x)), (np.array(v), normal(r, 2), normal(r, 2)))
+         for v in (True, False)],
 })  # fmt: skip
 
 ZERO_BY_DEFINITION = {"stop_gradient"}  # the gradient is zero whatever finite differences say
@@ -432,7 +449,7 @@ SECOND_ORDER = (
     "getitem", "getitem_grad", "gather", "gather_grad", "conv2d", "conv2d_input_grad", "conv2d_filter_grad",
 )  # fmt: skip
 SECOND_ORDER += ("erf", "rsqrt", "square", "clip", "moments", "avg_pool2d", "avg_pool2d_grad", "pad", "pad_grad",
-                 "cumsum", "scatter_add")  # fmt: skip
+                 "cumsum", "scatter_add", "scan", "cond")  # fmt: skip
 SECOND_CASES = [(n, i, c) for n, i, c in CASES if n in SECOND_ORDER or (n == "concat" and not c.dynamic)]
 
 

@@ -525,7 +525,44 @@ def attention_kernel_cases(grad):
     return out
 
 
+def control_flow_cases():
+    """A scan and a cond built in a graph: their attributes hold the bodies the kernels run."""
+    import workbench as wb
+
+    with wb.Graph().as_default():
+        xs, h0, w = (wb.placeholder(n, shape=s, dtype="float64") for n, s in (("xs", (5, 3)), ("h0", (3,)), ("w", (3,))))
+        final, _ = wb.scan(lambda h, x: (wb.tanh(h * w + x), h * x), xs, h0)
+        back, _ = wb.scan(lambda c, x: (c + x, c * 2.0), xs, h0, reverse=True)
+        p = wb.placeholder("p", shape=(), dtype="bool")
+        picked = wb.cond(p, lambda: (h0 * w, wb.cast(wb.argmax(w), "float64")), lambda: (h0 - 1.0, wb.sum(w)))
+    x_v, h_v, w_v = normal(5, 3), normal(3), normal(3)
+
+    def rnn(h, xs, w):
+        ys, hist = [], []
+        for x in xs:
+            hist.append(h)
+            ys.append(h * x)
+            h = np.tanh(h * w + x)
+        return h, np.stack(ys), np.stack(hist)
+
+    def suffix(c, xs):
+        ys, hist = [None] * len(xs), [None] * len(xs)
+        for t in reversed(range(len(xs))):
+            hist[t], ys[t] = c, c * 2.0
+            c = c + xs[t]
+        return c, np.stack(ys), np.stack(hist)
+
+    branch = lambda p, h, w: (h * w, np.float64(np.argmax(w))) if p else (h - 1.0, np.sum(w))  # noqa: E731
+    scans = [K([h_v, x_v, w_v], rnn, **final.op.attrs), K([h_v, x_v], suffix, **back.op.attrs)]
+    conds = [K([np.array(v), h_v, w_v], branch, **picked[0].op.attrs) for v in (True, False)]
+    return scans, conds
+
+
+SCAN_CASES, COND_CASES = control_flow_cases()
+
 KERNEL_CASES.update({
+    "scan": SCAN_CASES,
+    "cond": COND_CASES,
     "erf": [K([normal(3, 4) * 2], ERF), K([np.array([-7.0, -5.9, -3.0, -1e-9, 0.0, 0.3, 2.5, 5.5, 30.0])], ERF)],
     "rsqrt": [K([positive(3, 4)], lambda x: 1 / np.sqrt(x)), K([positive(3).astype(np.float32)], lambda x: (1 / np.sqrt(x)))],
     "square": [K([normal(3, 4)], np.square), K([ints(-3, 4)], np.square)],

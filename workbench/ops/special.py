@@ -67,6 +67,8 @@ def erf_values(xp, x, out_ok: bool = False):
     special = _special_erf(xp)
     if special is not None:
         return special(x, out=x) if out_ok and _writable(special, x) else special(x)
+    dtype = x.dtype
+    x = xp.astype(x, xp.float64)  # summed in float64, rounded once to the input's dtype
     a = xp.minimum(xp.abs(x), 6.0)
     a2 = a * a
     term = xp.asarray(a, copy=True)
@@ -77,7 +79,7 @@ def erf_values(xp, x, out_ok: bool = False):
         total = total + term
         n += 1
     result = xp.minimum(_TWO_OVER_SQRT_PI * xp.exp(-a2) * total, 1.0)
-    return xp.where(x < 0, -result, result)
+    return xp.astype(xp.where(x < 0, -result, result), dtype)
 
 
 def erf(x, name=None):
