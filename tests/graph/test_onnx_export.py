@@ -445,3 +445,39 @@ def test_a_transformer_and_a_residual_cnn_in_onnx_runtime_and_load_model(tmp_pat
         expected = sess.run(probs, {x: batch})
         np.testing.assert_array_equal(model.predict({"x": batch})["probs"], expected)
         assert_close(run_onnx(onnx_path, {"x": batch})[0], expected)
+
+
+# -- control flow ------------------------------------------------------------------------------------------------
+
+
+def rnn(reverse=False):
+    """A tanh RNN over the time axis of x (N, T, D) as a scan, with a cond on the batch's mean."""
+    g = wb.Graph(name="rnn")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 5, 3))
+        wx, wh = wb.variable("wx", shape=(3, 4)), wb.variable("wh", shape=(4, 4))
+        xs = wb.transpose(x, (1, 0, 2))  # (T, N, D)
+        h0 = wb.zeros_like(xs[0] @ wx)
+        last, hs = wb.scan(lambda h, xt: (wb.tanh(xt @ wx + h @ wh), h * 2.0), xs, h0, reverse=reverse)
+        flipped = wb.cond(wb.mean(x) > 0.0, lambda: last * 2.0, lambda: last - hs[0])
+        halves, _ = wb.scan(lambda c, _: (c * 0.5, None), None, last, length=3)
+    return g, x, {"last": last, "hs": hs, "flipped": flipped, "halves": halves}
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_and_cond_become_loop_and_if(tmp_path, reverse):
+    g, x, outs = rnn(reverse)
+    sess = wb.Session(g)
+    path = wb.export_onnx(sess, tmp_path / "rnn.onnx", inputs={"x": x}, outputs=outs)
+    types = {n.op_type for n in onnx.load(path).graph.node}
+    assert {"Loop", "If"} <= types
+    for n, shift in ((2, 1.0), (7, -1.0)):  # both branches of the cond
+        X = _f((n, 5, 3), seed=n) + shift
+        got = run_onnx(path, {"x": X})
+        for name, a, b in zip(outs, got, sess.run(list(outs.values()), {x: X}), strict=True):
+            assert a.shape == b.shape, name
+            assert_close(a, b)
+    model = wb.load_model(sess.export(tmp_path / "rnn.wbmodel", {"x": x}, outs))
+    X = _f((4, 5, 3))
+    for name, value in model.predict(X).items():
+        np.testing.assert_array_equal(value, sess.run(outs[name], {x: X}))

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from workbench.errors import DeviceError
+from workbench.errors import DeviceError, GraphError
 from workbench.graph.core import Operation, Tensor
 
 BATCH = "batch"
@@ -21,6 +21,37 @@ INT64_MAX, INT64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 #: op type -> ``converter(b, op, inputs) -> list of output names`` (see :func:`converts`).
 CONVERTERS: dict[str, Callable] = {}
+#: Ops an inference graph holds as graph inputs and initializers, not as nodes.
+SOURCES = ("placeholder", "variable", "constant")
+_GRADIENT = "a gradient op: inference graphs have none"
+_PASS = "made by a device's pass over the graphs plans run; never in an inference graph"
+#: op type -> why it has no ONNX form.
+NOT_EXPORTED = {
+    "assign": "updates a variable",
+    "assign_add": "updates a variable",
+    "assign_sub": "updates a variable",
+    "no_op": "runs for its control inputs only; inference graphs have no control edges",
+    "dropout": "random; an inference graph holds its inference form (the identity) instead",
+    "fused_elementwise": _PASS,
+    "fused_update": _PASS,
+    "softmax_cross_entropy_with_grad": _PASS,
+    "relu_grad": _GRADIENT,
+    "unreduce": _GRADIENT,
+    "reduce_to_like": _GRADIENT,
+    "concat_part": _GRADIENT,
+    "getitem_grad": _GRADIENT,
+    "gather_grad": _GRADIENT,
+    "softmax_cross_entropy_grad": _GRADIENT,
+    "conv2d_input_grad": _GRADIENT,
+    "conv2d_filter_grad": _GRADIENT,
+    "max_pool2d_grad": _GRADIENT,
+    "avg_pool2d_grad": _GRADIENT,
+    "gelu_grad": _GRADIENT,
+    "layer_norm_grad": _GRADIENT,
+    "pad_grad": _GRADIENT,
+    "top_k_grad": _GRADIENT,
+    "scaled_dot_product_attention_grad": _GRADIENT,
+}
 
 
 def converts(*op_types: str):
@@ -54,6 +85,39 @@ class Builder:
         self.initializers: list = []
         self.names: dict[Tensor, str] = {}
         self._taken: set[str] = set(reserved)
+        self.inline = False  # constants as Constant nodes (in a subgraph) rather than initializers
+
+    def convert(self, op: Operation) -> None:
+        """Add the nodes of ``op`` (placeholders must be in :attr:`names` already)."""
+        if op.type == "placeholder":
+            if op.outputs[0] not in self.names:
+                raise GraphError(f"placeholder {op.name!r} is not an input of the signature{source_line(op)}")
+            return
+        if op.type in ("variable", "constant"):
+            value = op.attrs["init"] if op.type == "variable" else op.attrs["value"]
+            self.names[op.outputs[0]] = self.constant(np.asarray(value, dtype=op.outputs[0].dtype), op.name)
+            return
+        converter = CONVERTERS.get(op.type)
+        if converter is None:
+            why = NOT_EXPORTED.get(op.type, "no converter is registered for it")
+            raise GraphError(f"op {op.name!r} ({op.type}) has no ONNX form: {why}{source_line(op)}")
+        ins = []
+        for t in op.inputs:
+            if t not in self.names:
+                raise GraphError(
+                    f"op {op.name!r} ({op.type}) needs {t.name!r}, which has no ONNX form{source_line(op)}"
+                )
+            ins.append(self.names[t])
+        names = converter(self, op, ins)
+        self.names.update(zip(op.outputs, names, strict=False))  # converters may leave unused outputs out
+
+    def child(self, consumed: set[Tensor]) -> Builder:
+        """A builder for a subgraph (a control-flow body): value names unique across the model,
+        constants as Constant nodes."""
+        sub = Builder(self.onnx, self.opset, set(), consumed)
+        sub._taken = self._taken
+        sub.inline = True
+        return sub
 
     def fresh(self, base: str) -> str:
         """A value name not used yet, from ``base``."""
@@ -75,7 +139,13 @@ class Builder:
 
     def constant(self, value, base: str) -> str:
         name = self.fresh(base)
-        self.initializers.append(self.onnx.numpy_helper.from_array(np.asarray(value), name))
+        tensor = self.onnx.numpy_helper.from_array(np.asarray(value), name)
+        if self.inline:
+            self.nodes.append(
+                self.onnx.helper.make_node("Constant", [], [name], name=self.fresh(base + "#node"), value=tensor)
+            )
+        else:
+            self.initializers.append(tensor)
         return name
 
     def ints(self, values, base: str) -> str:

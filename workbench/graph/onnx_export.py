@@ -17,50 +17,18 @@ or ``auto_pad="SAME_UPPER"`` where a size is known only at run time.
 
 from __future__ import annotations
 
-import numpy as np
 
 from workbench.errors import GraphError
-from workbench.graph import onnx_models, onnx_ops  # noqa: F401 - they register the converters
-from workbench.graph.core import Graph, Operation
+from workbench.graph import onnx_control, onnx_models, onnx_ops  # noqa: F401 - they register the converters
+from workbench.graph.core import Graph
 from workbench.graph.export import Signature
-from workbench.graph.onnx_builder import BATCH, CONVERTERS, Builder, import_onnx, source_line, tensor_type
+from workbench.graph.onnx_builder import BATCH, CONVERTERS, NOT_EXPORTED, SOURCES, Builder, import_onnx, tensor_type
 from workbench.version import __version__
 
 __all__ = ["CONVERTERS", "DEFAULT_OPSET", "MIN_OPSET", "NOT_EXPORTED", "SOURCES", "to_onnx"]
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # Softmax over one axis, ReduceSum's axes as an input, Unsqueeze's axes as an input
-#: Ops an inference graph holds as graph inputs and initializers, not as nodes.
-SOURCES = ("placeholder", "variable", "constant")
-_GRADIENT = "a gradient op: inference graphs have none"
-_PASS = "made by a device's pass over the graphs plans run; never in an inference graph"
-#: op type -> why it has no ONNX form.
-NOT_EXPORTED = {
-    "assign": "updates a variable",
-    "assign_add": "updates a variable",
-    "assign_sub": "updates a variable",
-    "no_op": "runs for its control inputs only; inference graphs have no control edges",
-    "dropout": "random; an inference graph holds its inference form (the identity) instead",
-    "fused_elementwise": _PASS,
-    "fused_update": _PASS,
-    "softmax_cross_entropy_with_grad": _PASS,
-    "relu_grad": _GRADIENT,
-    "unreduce": _GRADIENT,
-    "reduce_to_like": _GRADIENT,
-    "concat_part": _GRADIENT,
-    "getitem_grad": _GRADIENT,
-    "gather_grad": _GRADIENT,
-    "softmax_cross_entropy_grad": _GRADIENT,
-    "conv2d_input_grad": _GRADIENT,
-    "conv2d_filter_grad": _GRADIENT,
-    "max_pool2d_grad": _GRADIENT,
-    "avg_pool2d_grad": _GRADIENT,
-    "gelu_grad": _GRADIENT,
-    "layer_norm_grad": _GRADIENT,
-    "pad_grad": _GRADIENT,
-    "top_k_grad": _GRADIENT,
-    "scaled_dot_product_attention_grad": _GRADIENT,
-}
 
 
 def to_onnx(graph: Graph, signature: Signature, opset: int | None = None):
@@ -73,9 +41,9 @@ def to_onnx(graph: Graph, signature: Signature, opset: int | None = None):
     reserved = {i.name for i in signature.inputs + signature.outputs}
     consumed = {t for op in graph.operations for t in op.inputs} | {graph.get(o.tensor) for o in signature.outputs}
     b = Builder(onnx, opset, reserved, consumed)
-    inputs = {graph.get(i.tensor): i.name for i in signature.inputs}
+    b.names.update({graph.get(i.tensor): i.name for i in signature.inputs})
     for op in graph.operations:
-        _convert(b, op, inputs)
+        b.convert(op)
     outputs = []
     for info in signature.outputs:
         value = b.names[graph.get(info.tensor)]
@@ -101,26 +69,3 @@ def to_onnx(graph: Graph, signature: Signature, opset: int | None = None):
 def _value_info(onnx, name: str, dtype: str, shape: tuple):
     dims = [BATCH if i == 0 and d is None else d for i, d in enumerate(shape)]
     return onnx.helper.make_tensor_value_info(name, tensor_type(dtype), dims)
-
-
-def _convert(b: Builder, op: Operation, inputs: dict) -> None:
-    if op.type == "placeholder":
-        if op.outputs[0] not in inputs:
-            raise GraphError(f"placeholder {op.name!r} is not an input of the signature{source_line(op)}")
-        b.names[op.outputs[0]] = inputs[op.outputs[0]]
-        return
-    if op.type in ("variable", "constant"):
-        value = op.attrs["init"] if op.type == "variable" else op.attrs["value"]
-        b.names[op.outputs[0]] = b.constant(np.asarray(value, dtype=op.outputs[0].dtype), op.name)
-        return
-    converter = CONVERTERS.get(op.type)
-    if converter is None:
-        why = NOT_EXPORTED.get(op.type, "no converter is registered for it")
-        raise GraphError(f"op {op.name!r} ({op.type}) has no ONNX form: {why}{source_line(op)}")
-    ins = []
-    for t in op.inputs:
-        if t not in b.names:
-            raise GraphError(f"op {op.name!r} ({op.type}) needs {t.name!r}, which has no ONNX form{source_line(op)}")
-        ins.append(b.names[t])
-    names = converter(b, op, ins)
-    b.names.update(zip(op.outputs, names, strict=False))  # converters may leave unused outputs out
