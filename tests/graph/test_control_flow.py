@@ -265,3 +265,15 @@ def graph():
     g = wb.Graph()
     with g.as_default():
         yield g
+
+
+def test_a_scan_under_mixed_precision_casts_inside_its_body(graph):
+    w = wb.variable("w", shape=(3, 3))
+    with wb.mixed_precision("float16"):
+        xs = wb.cast(wb.placeholder("xs", shape=(4, 2, 3)), "float16")
+        h, _ = wb.scan(lambda h, x: (wb.tanh(wb.matmul(h, w) + x), None), xs, wb.zeros_like(xs[0]))
+        loss = wb.mean(h)
+    (dw,) = wb.gradients(loss, [w])
+    assert h.dtype == "float16" and loss.dtype == "float32" and dw.dtype == "float32"
+    value = wb.Session(graph).run(dw, {"xs": np.ones((4, 2, 3), np.float32)})
+    assert value.dtype == np.float32 and np.isfinite(value).all()

@@ -569,8 +569,8 @@ KERNEL_CASES.update({
     "gelu": [K([normal(3, 4) * 3], lambda x, a=a: gelu_reference(x, a), approximate=a) for a in ("none", "tanh")] +
             [K([normal(5, dtype=np.float32)], lambda x: gelu_reference(x.astype(np.float64), "none").astype(np.float32),
                approximate="none")],
-    "gelu_grad": [K([normal(3, 4), normal(3, 4) * 3], lambda g, x, a=a: gelu_grad_reference(g, x, a), approximate=a)
-                  for a in ("none", "tanh")],
+    "gelu_grad": [K([normal(3, 4), x, gelu_reference(x, a)], lambda g, x, y, a=a: gelu_grad_reference(g, x, a), approximate=a)
+                  for a in ("none", "tanh") for x in (np.concatenate([normal(3, 3) * 3, np.zeros((3, 1))], axis=1),)],
     "clip": [K([normal(3, 4), np.array(-0.5), np.array(0.5)], np.clip), K([normal(3, 4), normal(4) - 1, normal(3, 1) + 1],
                                                                               lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi)),
              K([ints(-5, 0, 7), ints(-1), ints(3)], np.clip)],

@@ -172,9 +172,16 @@ def _top_k_spec(x: TensorSpec, *, k):
 def _top_k_kernel(xp, x, *, k):
     # descending, ties to the lower index: a stable ascending sort of the reversed axis, reversed
     n = x.shape[-1]
-    ascending = xp.argsort(xp.flip(x, axis=-1), axis=-1, stable=True)
+    ascending = _stable_argsort(xp, xp.flip(x, axis=-1))
     order = (n - 1) - xp.astype(xp.flip(ascending, axis=-1)[..., :k], xp.int64)
     return xp.take_along_axis(x, order, axis=-1), order
+
+
+def _stable_argsort(xp, x):
+    try:
+        return xp.argsort(x, axis=-1, stable=True)
+    except TypeError:  # plain CuPy takes no ``stable``; its sorts are stable (CUB radix sort)
+        return xp.argsort(x, axis=-1)
 
 
 def top_k_grad(g, indices, x, name=None):

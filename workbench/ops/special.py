@@ -46,7 +46,7 @@ def _writable(fn, x) -> bool:
 
 def _special_erf(xp):
     """The namespace's own erf (SciPy's for NumPy, ``cupyx.scipy.special`` for CuPy), or None."""
-    name = getattr(xp, "__name__", "")
+    name = getattr(xp, "__name__", "").removeprefix("array_api_compat.")  # the GPU device's CuPy is wrapped
     try:
         if name == "numpy":
             from scipy.special import erf
@@ -153,9 +153,9 @@ def gelu(x, approximate="none", name=None):
     return apply("gelu", x, approximate=_approximation(approximate), name=name)
 
 
-def gelu_grad(g, x, approximate="none", name=None):
-    """``g * gelu'(x)``: the gradient of :func:`gelu`, one pass."""
-    return apply("gelu_grad", g, x, approximate=_approximation(approximate), name=name)
+def gelu_grad(g, x, y, approximate="none", name=None):
+    """``g * gelu'(x)``, given ``y = gelu(x)``: the gradient of :func:`gelu`, one pass."""
+    return apply("gelu_grad", g, x, y, approximate=_approximation(approximate), name=name)
 
 
 def _approximation(approximate) -> str:
@@ -188,33 +188,30 @@ def _gelu_kernel(xp, x, *, approximate):
     return t
 
 
-def _gelu_grad_kernel(xp, g, x, *, approximate):
+def _gelu_grad_kernel(xp, g, x, y, *, approximate):
+    # y = x * r with r = Phi(x) (or 0.5 (1 + tanh u)): r comes back from the forward's output, so the
+    # backward pass computes no erf (or tanh) again; at x = 0, r = 1/2
+    zero = x == 0
+    r = y / xp.where(zero, 1.0, x)
+    r = xp.where(zero, 0.5, r)
+    x2 = x * x
     if approximate == "tanh":
-        x2 = x * x
-        t = x2 * (_TANH_C * _TANH_A)
-        t += _TANH_C
-        t *= x
-        t = _ufunc(xp, "tanh", t)  # tanh(u)
-        # d/dx 0.5 x (1 + t) = 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)
-        x2 *= 3 * _TANH_A * _TANH_C
-        x2 += _TANH_C
+        t = 2.0 * r  # tanh(u), then d/dx 0.5 x (1 + t) = r + 0.5 x (1 - t^2) c (1 + 3 a x^2)
+        t -= 1.0
+        t *= t
+        t -= 1.0
+        x2 *= -0.5 * 3 * _TANH_A * _TANH_C
+        x2 -= 0.5 * _TANH_C
         x2 *= x
-        x2 *= 1.0 - t * t
-        t += 1.0
-        t += x2
-        t *= 0.5
+        x2 *= t  # -(1 - t^2) twice negated
     else:
-        t = erf_values(xp, x * _SQRT1_2, out_ok=True)
-        t += 1.0
-        t *= 0.5  # Phi(x)
-        pdf = x * x
-        pdf *= -0.5
-        pdf = _ufunc(xp, "exp", pdf)
-        pdf *= _INV_SQRT_2PI
-        pdf *= x
-        t += pdf  # Phi(x) + x phi(x)
-    t *= g
-    return t
+        x2 *= -0.5
+        x2 = _ufunc(xp, "exp", x2)
+        x2 *= _INV_SQRT_2PI
+        x2 *= x  # x phi(x)
+    r += x2
+    r *= g
+    return r
 
 
 defop(
@@ -222,12 +219,12 @@ defop(
     infer=_gelu_spec,
     elementwise=True,
     kernel=_gelu_kernel,
-    grad=lambda op, g: (gelu_grad(g, op.inputs[0], **op.attrs),),
+    grad=lambda op, g: (gelu_grad(g, op.inputs[0], op.outputs[0], **op.attrs),),
 )
 defop(
     "gelu_grad",
-    infer=lambda g, x, *, approximate: _gelu_spec(
-        TensorSpec(rules.broadcast(g.shape, x.shape), rules.same_dtype(g, x)), approximate=approximate
+    infer=lambda g, x, y, *, approximate: _gelu_spec(
+        TensorSpec(rules.broadcast(g.shape, x.shape, y.shape), rules.same_dtype(g, x, y)), approximate=approximate
     ),
     elementwise=True,
     kernel=_gelu_grad_kernel,
