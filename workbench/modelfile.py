@@ -117,9 +117,12 @@ def _manifest(archive: zipfile.ZipFile, headers: dict, path: str) -> dict:
 
 
 def _check_ops(graph: Graph) -> None:
+    """FormatError for an op that updates state or draws random numbers, in the graph or a control-flow body."""
     for op in graph.operations:
         if (op.opdef.stateful and op.type != "variable") or op.opdef.random:
             raise FormatError(f"op {op.name!r} ({op.type}) has no place in an inference graph")
+        for attr in getattr(op.opdef, "bodies", ()):
+            _check_ops(op.attrs[attr].graph)
 
 
 def _with_values(graph: Graph, values: dict) -> Graph:
