@@ -191,6 +191,30 @@ def test_a_placeholder_that_is_neither_input_nor_fixed_is_named(tmp_path):
         wb.Session(g).export(tmp_path / "m", {"x": x}, {"y": y})
 
 
+def test_a_dropout_switch_and_placeholder_defaults_are_in_inference_mode(tmp_path):
+    g = wb.Graph(name="switch")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 6))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        training = wb.placeholder("training", shape=(), dtype="bool", default=False)
+        rate = wb.placeholder("rate", shape=(), default=0.5)  # keep_prob style: a tensor rate
+        temperature = wb.placeholder("temperature", shape=(), default=2.0)
+        h = wb.tanh(x @ wb.variable("w0", shape=(6, 8)))
+        logits = wb.dropout(h, rate, training=training) @ wb.variable("w1", shape=(8, 3)) / temperature
+        probs = wb.softmax(logits, name="probs")
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean(wb.softmax_cross_entropy(logits, y)))
+    sess = wb.Session(g)
+    X, Y = data()
+    sess.fit(train, {x: X, y: Y}, batch_size=16, steps=5, feed_dict={"training": True})  # dropout while training
+    model = wb.load_model(sess.export(tmp_path / "m", {"x": x}, {"probs": probs}))
+    types = {op.type for op in model.graph.operations}
+    assert not types & {"dropout", "where"}, types  # the switch is off: only the kept branch is left
+    assert [op.name for op in model.graph.operations if op.type == "placeholder"] == ["x"]
+    np.testing.assert_array_equal(model.predict(X)["probs"], sess.run(probs, {x: X}))  # the defaults: no dropout
+    hot = wb.load_model(sess.export(tmp_path / "hot", {"x": x}, {"probs": probs}, feed_dict={"temperature": 0.5}))
+    np.testing.assert_array_equal(hot.predict(X)["probs"], sess.run(probs, {x: X, temperature: 0.5}))
+
+
 def test_a_placeholder_only_the_training_branch_needs_need_not_be_given(tmp_path):
     g = wb.Graph()
     with g.as_default():
