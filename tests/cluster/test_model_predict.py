@@ -62,3 +62,23 @@ def test_predict_over_a_dask_array_on_a_local_cluster_equals_numpy(client, kit, 
     assert set(compiled.values()) <= {0, 1} and sum(compiled.values()) >= 1, compiled  # at most once per worker
     scattered = da.from_array(x, chunks=100).persist()  # chunks already on the workers
     np.testing.assert_allclose(model.predict(scattered)["probs"].compute(), expected["probs"], rtol=1e-12)
+
+
+@pytest.mark.gpu
+def test_predict_over_a_dask_array_on_a_real_gpu(kit, tmp_path):
+    cp = pytest.importorskip("cupy")
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no driver
+        count = 0
+    if not count:
+        pytest.skip("no CUDA device")
+    model, x = exported(kit, tmp_path, n=90)
+    infer.PLANS.clear()
+    with dask.config.set(scheduler="sync"):  # each chunk task opens the GPU as a worker does
+        lazy = model.predict({"x": da.from_array(x, chunks=30)}, device="gpu")
+        got = lazy["probs"].compute()
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_allclose(got, model.predict(x)["probs"], rtol=1e-9)  # float64 model: BLAS-independent bound
+    (plan,) = infer.PLANS.values()  # compiled once, for the GPU (its fusion pass)
+    assert "fused_elementwise" in {op.type for op in plan.graph.operations}
