@@ -115,9 +115,7 @@ def test_a_killed_scheduler_is_a_cluster_error_with_its_cause(cli, problem):
     sess.events.subscribe(once(lambda: processes.started[0].kill()))  # the scheduler
     started = time.monotonic()
     with pytest.raises(ClusterError, match="lost the Dask scheduler at tcp://127.0.0.1.*start the cluster again") as raised:
-        # parameter_server: the all-reduce engine does not yet translate these two cases alike
-        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10,
-                 strategy="parameter_server")
+        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10)
     assert time.monotonic() - started < 60 and raised.value.__cause__ is not None
     assert len(sess.last_history.records) >= 10
 
@@ -128,9 +126,7 @@ def test_a_client_closed_from_another_thread_is_a_cluster_error(cli, problem):
     sess = wb.Session(model["graph"], seed=0, cluster=client)
     sess.events.subscribe(once(lambda: threading.Thread(target=client.close).start()))
     with pytest.raises(ClusterError, match="client was closed while the fit ran") as raised:
-        # parameter_server: the all-reduce engine does not yet translate these two cases alike
-        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10,
-                 strategy="parameter_server")
+        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10)
     assert raised.value.__cause__ is not None
 
 

@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.health import StepDeadline, silence_threshold, silent_workers
+from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
 from workbench.cluster.lower import allreduce_calls, allreduce_key
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
@@ -242,7 +242,7 @@ class AllReduceEngine:
 
     # -- placing replicas -------------------------------------------------------------------------
     def _candidates(self) -> list[str]:
-        known = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        known = sorted(scheduler_workers(self.client, self.deadline.seconds))
         return [w for w in (self.addresses or known) if w in known and w not in self.left_out]
 
     def _members(self, candidates: list[str]) -> list[str]:
@@ -271,6 +271,7 @@ class AllReduceEngine:
             broadcast=True,
             hash=False,
             workers=members,
+            timeout=self.deadline.seconds,
         )
         token = self.group.token
         self.replicas = self.workers = len(members)
@@ -334,7 +335,7 @@ class AllReduceEngine:
 
     def _check_members(self, step: int) -> None:
         """A member that left the cluster fails the step now, not when its peers' waits time out."""
-        gone = set(self.group.addresses) - set(self.client.scheduler_info(n_workers=-1)["workers"])
+        gone = set(self.group.addresses) - set(scheduler_workers(self.client, self.deadline.seconds))
         if gone:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
 
@@ -368,7 +369,7 @@ class AllReduceEngine:
         deadline = time.monotonic() + min(seconds, self.timeout)
         members = set(self.group.addresses)
         while time.monotonic() < deadline:
-            if members - set(self.client.scheduler_info(n_workers=-1)["workers"]):
+            if members - set(scheduler_workers(self.client, self.deadline.seconds)):
                 return
             time.sleep(0.1)
 
@@ -382,14 +383,14 @@ class AllReduceEngine:
     def _drop(self) -> None:
         self._cancel()
         if self.group is not None:
-            known = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            known = set(scheduler_workers(self.client, min(self.deadline.seconds, 10.0)))
             members = [a for a in self.group.addresses if a in known and a not in self.left_out]
             if members:  # bounded: a member that stopped answering must not hold the driver
                 with contextlib.suppress(TimeoutError, OSError):
                     self.client.run(
                         stop_replicas, self.group.token, workers=members, on_error="return", callback_timeout=5
                     )
-            self.group.release(self.client, skip=self.left_out)
+            self.group.release(self.client, skip=self.left_out, timeout=min(self.deadline.seconds, 10.0))
             self.group = None
 
     def _outcome(self, step: int, results: list[dict]) -> StepOutcome:

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 from dask.task_spec import List, TaskRef
 
-from workbench.cluster.health import StepDeadline, silence_threshold, silent_workers
+from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_name
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
@@ -181,7 +181,7 @@ class ParameterServer:
 
     def _workers_now(self) -> list:
         """The workers this fit may use now (the ones asked for, or all), without those left out."""
-        known = self.worker_addresses or sorted(self.client.scheduler_info().get("workers", {}))
+        known = self.worker_addresses or sorted(scheduler_workers(self.client, self.deadline.seconds))
         return [w for w in known if w not in self.excluded]
 
     def _placement(self) -> tuple | None:
