@@ -95,3 +95,25 @@ def test_a_client_closed_from_another_thread_ends_the_fit(cli, problem, strategy
     with pytest.raises(ClusterError, match="client was closed while the fit ran.*create a new Session") as raised:
         endless_fit(sess, model, data, strategy)
     assert raised.value.__cause__ is not None and time.monotonic() - started < 90
+
+
+def test_a_worker_that_cannot_import_workbench_fails_every_fit_fast(tmp_path, dask_cli, problem):
+    broken = tmp_path / "broken"
+    (broken / "workbench").mkdir(parents=True)
+    (broken / "workbench" / "__init__.py").write_text("raise ImportError('workbench is not installed here')\n")
+    processes = dask_cli(tmp_path)
+    address = processes.scheduler()
+    processes.start("w1", "worker", address, "--name", "w1", "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny",
+                    "--no-dashboard", env={"PYTHONPATH": str(broken)})  # fmt: skip
+    client = processes.connect(address, 1)
+    model, data = problem
+    try:
+        for attempt in range(3):
+            sess = wb.Session(model["graph"], seed=0, cluster=client)
+            started = time.monotonic()
+            with pytest.raises(ClusterError, match="workbench|did not answer|no progress"):
+                sess.fit(model["train"], data, batch_size=32, steps=5, step_timeout=5)
+            assert time.monotonic() - started < 60, attempt
+    finally:
+        client.close(timeout=10)
+        processes.stop()
