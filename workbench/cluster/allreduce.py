@@ -105,6 +105,10 @@ class AllReduceEngine:
         Where :class:`~workbench.events.Synced` and :class:`~workbench.events.Restarted` go.
     reason : str
         Why ``fit`` chose this strategy, if it chose it for a reason (shown in ``FitStarted``).
+    lease : float, optional
+        Seconds a worker keeps its replica without a step (default: the larger of 300 and 4 x
+        ``timeout``); it drops it at once when the scheduler releases the run's start task (this
+        client left the scheduler, or dropped the run). 0: only the latter.
     """
 
     strategy = "allreduce"
@@ -130,6 +134,7 @@ class AllReduceEngine:
         sync_every: int | None = None,
         events=None,
         reason: str = "",
+        lease: float | None = None,
     ):
         missing = set(program.feeds) - set(data)
         if missing:
@@ -157,6 +162,7 @@ class AllReduceEngine:
         self.reason = reason  # why fit chose this strategy (see workbench.cluster.engines)
         self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
         self.timeout, self.bucket_bytes = timeout, bucket_bytes
+        self.lease = max(300.0, 4 * timeout) if lease is None else float(lease)
         self.deadline = StepDeadline(step_timeout)  # no progress for this long: a hung worker is left out
         self.left_out: set[str] = set()  # workers that stopped answering during this fit
         self.algorithm, self.max_restarts, self.name = algorithm, max_restarts, name
@@ -284,6 +290,7 @@ class AllReduceEngine:
                 self.group,
                 self.bucket_bytes,
                 *data,
+                lease=self.lease,
                 key=allreduce_key(self.name, "start", i, token),
                 workers=[w],
                 allow_other_workers=False,
