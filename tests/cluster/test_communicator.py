@@ -77,7 +77,11 @@ def test_buckets_in_flight_at_once_are_matched_by_name(loop):
     comms = group(loop, 3, "direct")
     flats = {(r, b): np.full(10, float(r + 1) * (b + 1), dtype="float32") for r in range(3) for b in range(4)}
     # rank 2 starts its buckets in the reverse order
-    handles = {(r, b): comms[r].start(f"step-1.{b}", flats[r, b]) for r in range(3) for b in (range(4) if r < 2 else range(3, -1, -1))}
+    handles = {
+        (r, b): comms[r].start(f"step-1.{b}", flats[r, b])
+        for r in range(3)
+        for b in (range(4) if r < 2 else range(3, -1, -1))
+    }
     for (r, b), h in handles.items():
         np.testing.assert_array_equal(h.wait(10), np.full(10, 6.0 * (b + 1), dtype="float32"))
 

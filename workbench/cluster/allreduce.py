@@ -2,7 +2,7 @@
 
 Each worker of the run keeps its own replica of the variables
 (:mod:`workbench.cluster.replica`); a step is ``R`` tasks, one pinned to each
-worker, keyed like the model (``("mlp-allreduce-12-r0", token)``). Each computes
+worker, keyed like the model (``("mlp-allreduce", "12-r0", token)``). Each computes
 its shard's gradients, all-reduces them worker to worker
 (:mod:`workbench.cluster.collective`) and applies the optimizer to its own replica.
 No gradient or variable passes through a task result: the client gets small
@@ -40,7 +40,7 @@ import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
 from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
-from workbench.cluster.lower import allreduce_calls, allreduce_key
+from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
@@ -328,9 +328,10 @@ class AllReduceEngine:
                     error = f.exception()
                     if isinstance(error, (self._transient, WorkbenchError)):
                         raise error  # a NumericsError names the op, as locally
-                    raise ClusterError(f"step {step} failed in {f.key[0]}: {type(error).__name__}: {error}") from error
+                    what = f"{type(error).__name__}: {error}"
+                    raise ClusterError(f"step {step} failed in {key_label(f.key)}: {what}") from error
                 if f.status == "cancelled":
-                    raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")
+                    raise concurrent.futures.CancelledError(f"step {step}: task {key_label(f.key)} was cancelled")
             if all(f.status == "finished" for f in futures):  # results come from the workers: bounded too
                 results = [f.result(timeout=max(1.0, deadline - time.monotonic())) for f in futures]
                 self.deadline.progressed(time.monotonic() - waited)
