@@ -224,7 +224,10 @@ def save_step(directory: str | os.PathLike, variables: dict, step: int, keep: in
     clean_temporaries(directory)
     path = write(os.path.join(directory, f"step-{step:08d}.npz"), variables, step=step)
     for old in _step_files(directory)[:-keep]:
-        os.unlink(os.path.join(directory, old))
+        try:
+            os.unlink(os.path.join(directory, old))
+        except FileNotFoundError:
+            pass  # another fit writing here dropped it first
     return path
 
 
@@ -237,15 +240,35 @@ def latest(
     """
     if directory is None or not os.path.isdir(check_path(directory)):
         return None
-    clean_temporaries(os.fspath(directory))
-    for name in reversed(_step_files(os.fspath(directory))):
+    directory = os.fspath(directory)
+    try:
+        clean_temporaries(directory)
+        names = _step_files(directory)
+    except OSError as e:
+        raise FileError(e.errno, f"cannot read checkpoint directory {directory!r}: {e.strerror or e}", directory) from e
+    for name in reversed(names):
+        path = os.path.join(directory, name)
         try:
-            arrays, step = read(os.path.join(directory, name), expected)
-        except FormatError:
+            arrays, step = read(path, expected)
+        except FormatError as e:
+            if expected is not None and _readable(path):
+                raise FormatError(
+                    f"checkpoint directory {directory!r} holds checkpoints of another model ({name}: {e}); "
+                    "fit into a directory of its own (its files are left as they are)"
+                ) from None
             continue  # a damaged file: fall back to the one before
         if step is not None:
             return arrays, step
     return None
+
+
+def _readable(path: str) -> bool:
+    """Whether ``path`` is a whole checkpoint (of whatever variables)."""
+    try:
+        read(path)
+    except FormatError:
+        return False
+    return True
 
 
 def clean_temporaries(directory: str) -> list[str]:

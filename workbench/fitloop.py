@@ -254,6 +254,7 @@ class FitLoop:
                     e.history = self.history
                 raise
             except Exception as e:
+                self._keep_after_failure(engine)
                 self.events.emit(FitFailed, step=self.step, error=f"{type(e).__name__}: {e}")
                 raise
             finally:
@@ -298,6 +299,19 @@ class FitLoop:
             close = getattr(outcomes, "close", None)
             if close is not None:
                 close()
+
+    def _keep_after_failure(self, engine: StepEngine) -> None:
+        """After a failure, :attr:`final` holds the engine's newest variables that it can still give (a
+        cluster's last host copy: the steps it trained are not lost), and the history ends at their step."""
+        try:
+            self.final, at = engine.variables()
+        except Exception:  # noqa: BLE001 - nothing left to keep: the session keeps its own
+            self.final = None
+            return
+        self.stopped_at = at
+        if at < self.step:
+            self.history.records[:] = [r for r in self.history.records if r["step"] <= at]
+            self.step = at
 
     def _end_early(self, engine: StepEngine, reason: str) -> None:
         """The variables of the last step taken (:meth:`StepEngine.settle`) and a FitInterrupted."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any, Callable
@@ -84,6 +85,9 @@ class Session:
         self._state: dict[str, Any] = {}
         self._plans = PlanCache()
         self._fits = 0
+        # checkpoint directory -> the batch seed of this session's fit that wrote it: a fit that resumes
+        # there draws the batches the fit it continues would have drawn
+        self._batch_seeds: dict[str, tuple] = {}
         #: The history of the latest ``fit``, also when it was interrupted or failed (the steps done).
         self.last_history: History | None = None
 
@@ -368,6 +372,9 @@ class Session:
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
         request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict)
+        if checkpoint_dir is not None:  # resuming here: the batches of the fit it continues
+            where = os.path.abspath(checkpoint.check_path(checkpoint_dir))
+            request = dataclasses.replace(request, batch_seed=self._batch_seeds.setdefault(where, request.batch_seed))
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         if self.client is None:
             engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
@@ -382,8 +389,8 @@ class Session:
         self.last_history = loop.history
         try:
             history, final = loop.run(engine, self.variables)
-        except KeyboardInterrupt:
-            if loop.final is not None:  # the last completed step's variables
+        except (KeyboardInterrupt, Exception):
+            if loop.final is not None:  # the last completed step's variables (after a failure: the last in hand)
                 self.set_variables(loop.final)
             raise
         self.set_variables(final)
