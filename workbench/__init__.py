@@ -10,6 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers
+from workbench import layers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -143,6 +144,7 @@ __all__ = [
     "Session",
     "accuracy",
     "metrics",
+    "layers",
     "ShapeError",
     "Tensor",
     "Variable",
