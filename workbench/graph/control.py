@@ -19,6 +19,7 @@ every step are a hidden output of the forward op); the gradient of ``cond`` is a
 from __future__ import annotations
 
 from workbench.errors import FormatError, GraphError
+from workbench.graph import serialize
 from workbench.graph.core import Graph, Tensor, get_default_graph, user_source
 from workbench.ops import rules
 from workbench.ops.registry import TensorSpec, apply, get_op
@@ -108,9 +109,7 @@ class Body:
         return found
 
     def to_doc(self) -> dict:
-        from workbench.graph.serialize import graph_to_doc
-
-        return {"graph": graph_to_doc(self.graph), "inputs": list(self.inputs), "outputs": list(self.outputs)}
+        return {"graph": serialize.graph_to_doc(self.graph), "inputs": list(self.inputs), "outputs": list(self.outputs)}
 
     @classmethod
     def from_doc(cls, doc) -> Body:
@@ -122,7 +121,7 @@ class Body:
             or not isinstance(doc.get("outputs"), list)
         ):
             raise FormatError('a body needs a "graph" and lists of "inputs" and "outputs"')
-        graph = graph_from_doc(doc.get("graph"), Graph)
+        graph = serialize.graph_from_doc(doc.get("graph"), Graph)
         for name in doc["inputs"]:
             if not isinstance(name, str) or name not in graph or graph.get(name).op.type != "placeholder":
                 raise FormatError(f"body input {name!r} is not a placeholder of the body")
@@ -138,6 +137,9 @@ class Body:
 
     def __repr__(self) -> str:
         return f"<Body of {len(self.graph.operations)} ops: {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
+
+
+serialize.DECODERS["body"] = Body.from_doc
 
 
 class SubPlan:
