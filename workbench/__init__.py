@@ -10,6 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers
+from workbench import layers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -147,6 +148,7 @@ __all__ = [
     "load_model",
     "accuracy",
     "metrics",
+    "layers",
     "ShapeError",
     "Tensor",
     "Variable",

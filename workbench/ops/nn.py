@@ -138,16 +138,7 @@ def conv2d(x, w, stride=1, padding="valid", name=None):
     return apply("conv2d", x, w, stride=_pair(stride), padding=padding, name=name)
 
 
-def _out_size(size, k, s, padding):
-    """(pad_before, pad_after, output size) for one spatial axis."""
-    if size is None:
-        return None, None, None
-    if padding == "valid":
-        return 0, 0, (size - k) // s + 1
-    out = -(-size // s)
-    total = (out - 1) * s + k - size
-    total = total if total > 0 else 0
-    return total // 2, total - total // 2, out
+_out_size = im2col.out_size  # (pad_before, pad_after, output size) of one spatial axis
 
 
 def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
