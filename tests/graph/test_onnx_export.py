@@ -481,3 +481,68 @@ def test_scan_and_cond_become_loop_and_if(tmp_path, reverse):
     X = _f((4, 5, 3))
     for name, value in model.predict(X).items():
         np.testing.assert_array_equal(value, sess.run(outs[name], {x: X}))
+
+
+# -- models built with wb.layers: batch norm and dropout in inference mode ------------------------------------------
+
+
+def layers_resnet():
+    g = wb.Graph(name="resnet")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3, 8, 8))
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        training = wb.placeholder("training", shape=(), dtype="bool", default=False)
+        h = wb.relu(wb.layers.batch_norm(wb.layers.conv2d(x, 8, 3, use_bias=False, name="stem"), training, name="bn0"))
+        branch = wb.relu(
+            wb.layers.batch_norm(wb.layers.conv2d(h, 8, 3, use_bias=False, name="c1"), training, name="bn1")
+        )
+        branch = wb.layers.batch_norm(wb.layers.conv2d(branch, 8, 3, use_bias=False, name="c2"), training, name="bn2")
+        h = wb.max_pool2d(wb.relu(h + branch), 2, padding="same")
+        h = wb.layers.dropout(wb.mean(h, axis=(2, 3)), 0.3, training)
+        logits = wb.layers.dense(h, 3, name="head")
+        probs = wb.softmax(logits, name="probs")
+        train = wb.optimizers.Adam(0.01).minimize(wb.mean(wb.softmax_cross_entropy(logits, y)))
+    return g, x, y, probs, train
+
+
+def layers_transformer():
+    g = wb.Graph(name="transformer")
+    with g.as_default():
+        ids = wb.placeholder("ids", shape=(None, 6), dtype="int64")
+        y = wb.placeholder("y", shape=(None,), dtype="int64")
+        training = wb.placeholder("training", shape=(), dtype="bool", default=False)
+        h = wb.layers.embedding(ids, 11, 8)
+        h = wb.layers.layer_norm(h + wb.layers.multi_head_attention(h, heads=2, causal=True), name="ln1")
+        mlp = wb.layers.dense(wb.layers.dense(h, 16, activation=wb.gelu, name="up"), 8, name="down")
+        h = wb.layers.layer_norm(h + wb.layers.dropout(mlp, 0.2, training), name="ln2")
+        logits = wb.layers.dense(wb.mean(h, axis=1), 3, name="head")
+        probs = wb.softmax(logits, name="probs")
+        train = wb.optimizers.Adam(0.01).minimize(wb.mean(wb.softmax_cross_entropy(logits, y)))
+    return g, ids, y, probs, train
+
+
+@pytest.mark.parametrize("build", [layers_resnet, layers_transformer])
+def test_wb_layers_models_export_in_inference_mode(tmp_path, build):
+    g, x, y, probs, train = build()
+    rng = np.random.default_rng(3)
+    if x.dtype == "int64":
+        make = lambda n: rng.integers(0, 11, (n, 6))  # noqa: E731
+    else:
+        make = lambda n: rng.normal(size=(n, 3, 8, 8)).astype("float32")  # noqa: E731
+    X = make(48)
+    Y = (X.reshape(48, -1)[:, 0] % 3).astype("int64") if x.dtype == "int64" else (X[:, 0, 0, 0] > 0).astype("int64")
+    sess = wb.Session(g, seed=2)
+    sess.fit(train, {x: X, y: Y}, batch_size=16, steps=4, feed_dict={"training": True})
+    model = wb.load_model(sess.export(tmp_path / "m.wbmodel", inputs={"x": x}, outputs={"probs": probs}))
+    types = {op.type for op in model.graph.operations}
+    assert not types & {"assign", "moments", "dropout", "where"}, types  # moving statistics, no updates
+    if build is layers_resnet:
+        assert not np.allclose(sess.variables["bn0/moving_mean"], 0)  # training moved them
+        np.testing.assert_array_equal(model.variables["bn0/moving_mean"], sess.variables["bn0/moving_mean"])
+    onnx_path = wb.export_onnx(model, tmp_path / "m.onnx")
+    assert not {n.op_type for n in onnx.load(onnx_path).graph.node} & {"Dropout", "BatchNormalization"}
+    for n in (1, 9):
+        batch = make(n)
+        expected = sess.run(probs, {x: batch})  # training defaults to False
+        np.testing.assert_array_equal(model.predict({"x": batch})["probs"], expected)
+        assert_close(run_onnx(onnx_path, {"x": batch})[0], expected)
