@@ -221,7 +221,8 @@ def _scan_grad(op, *grads):
         reverse=not a["reverse"],
         length=a["length"],
     )
-    back = back if isinstance(back, tuple) else (back,)
+    # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
+    back = tuple(ops.identity(t) for t in (back if isinstance(back, tuple) else (back,)))
     result = [None] * len(op.inputs)
     for pos, i in enumerate(fc):
         result[i] = back[pos]
