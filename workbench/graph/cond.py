@@ -106,7 +106,7 @@ def _cond_kernel(xp, pred, *operands, true_body, false_body, plans=None):
     if plans:
         plan = plans[0] if taken else plans[1]
     else:
-        plan = (true_body if taken else false_body).compile(xp)
+        plan = (true_body if taken else false_body).cached(xp)
     out = plan.run(list(operands))
     return out[0] if len(out) == 1 else tuple(out)
 

@@ -145,7 +145,7 @@ def _scan_spec(*specs, body, carries, sequences, reverse, length):
 
 
 def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, plans=None):
-    run = (plans[0] if plans else body.compile(xp)).run
+    run = (plans[0] if plans else body.cached(xp)).run
     carry = list(arrays[:carries])
     xs, captured = arrays[carries : carries + sequences], list(arrays[carries + sequences :])
     steps = xs[0].shape[0] if xs else length
