@@ -99,13 +99,18 @@ class Body:
     def output_specs(self) -> list[TensorSpec]:
         return [self.graph.get(n).spec for n in self.outputs]
 
-    def compile(self, xp, compilers=()) -> SubPlan:  # noqa: A003 - what a plan compiler calls
-        """A sub-plan running this body with namespace ``xp``: pruned and optimized once, then cached."""
-        key = (getattr(xp, "__name__", id(xp)), tuple(compilers))
+    def compile(self, xp, compilers=()) -> SubPlan:
+        """A new sub-plan running this body with namespace ``xp``, pruned and optimized: what a plan
+        makes once for each body of its ops, when it is built (plans are cached, so are they)."""
+        self.compiled += 1
+        return SubPlan(self, xp, compilers)
+
+    def cached(self, xp) -> SubPlan:
+        """A sub-plan for ``xp`` kept with the body: for a kernel called outside a plan (constant folding)."""
+        key = getattr(xp, "__name__", id(xp))
         found = self._plans.get(key)
         if found is None:
-            found = self._plans[key] = SubPlan(self, xp, compilers)
-            self.compiled += 1
+            found = self._plans[key] = self.compile(xp)
         return found
 
     def to_doc(self) -> dict:
@@ -113,8 +118,6 @@ class Body:
 
     @classmethod
     def from_doc(cls, doc) -> Body:
-        from workbench.graph.serialize import graph_from_doc
-
         if (
             not isinstance(doc, dict)
             or not isinstance(doc.get("inputs"), list)
