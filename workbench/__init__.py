@@ -10,6 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers, strategies
+from workbench import layers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -39,12 +40,14 @@ from workbench.graph import (
     name_scope,
     reset_default_graph,
 )
+from workbench.graph import cond, scan
 from workbench.graph.precision import mixed_precision
 from workbench.graph.probes import watch
 from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench import cluster
 from workbench.session import Session
+from workbench.model import Model, export_onnx, load_model
 from workbench.strategies import strategy, strategy_graph
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History
@@ -109,7 +112,23 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     zeros_like,
 )
 
-__version__ = "0.1.0"
+from workbench.ops import (  # noqa: E402, F401 - normalization, attention, pooling, padding, special, indexing
+    avg_pool2d,
+    clip,
+    cumsum,
+    erf,
+    gelu,
+    layer_norm,
+    moments,
+    pad,
+    rsqrt,
+    scaled_dot_product_attention,
+    scatter_add,
+    square,
+    top_k,
+)
+
+from workbench.version import __version__  # noqa: E402
 
 __all__ = [
     "ArgumentError",
@@ -129,8 +148,12 @@ __all__ = [
     "Operation",
     "PathError",
     "Session",
+    "Model",
+    "export_onnx",
+    "load_model",
     "accuracy",
     "metrics",
+    "layers",
     "ShapeError",
     "Tensor",
     "Variable",
@@ -146,6 +169,8 @@ __all__ = [
     "ScalingStudy",
     "scaling_study",
     "cluster",
+    "cond",
+    "scan",
     "strategies",
     "strategy",
     "strategy_graph",

@@ -8,8 +8,15 @@ import pytest
 import workbench as wb
 
 
-def mlp(layers: int = 2, dtype: str = "float64", hidden: int = 8, optimizer=None, name: str = "mlp", features: int = 6,
-        dropout: float = 0.0):
+def mlp(
+    layers: int = 2,
+    dtype: str = "float64",
+    hidden: int = 8,
+    optimizer=None,
+    name: str = "mlp",
+    features: int = 6,
+    dropout: float = 0.0,
+):
     """A classifier of ``layers`` dense layers on ``features`` inputs, trained with Adam by default;
     with ``dropout`` after each hidden layer."""
     g = wb.Graph(name=name)

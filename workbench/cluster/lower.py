@@ -61,7 +61,7 @@ _TASK_NAME = re.compile(rf"^(?P<graph>.+)-(?P<phase>{'|'.join(PHASES)})-(?P<step
 
 
 def task_name(graph: str, phase: str, step: int, *rest) -> str:
-    """``<graph>-<phase>-<step>[-<rest>]``: the first part of a training task's key.
+    """``<graph>-<phase>-<step>[-<rest>]``: a training task's name (see :func:`key_label`).
 
     >>> task_name("mlp", "grad", 12, "r0")
     'mlp-grad-12-r0'
@@ -79,13 +79,40 @@ class TaskName(NamedTuple):
     rest: str
 
 
+def task_key(graph: str, phase: str, step: int | str, *rest, token: str) -> tuple[str, str, str]:
+    """The key of a training task: ``("<graph>-<phase>", "<step>[-<rest>]", token)``.
+
+    The step is in the second element, so that the scheduler makes one task group per phase of a
+    fit (it groups tuple keys by their first element), not one per task kept for its whole life; the
+    prefix the dashboard shows is the phase's, as before.
+
+    >>> from dask.utils import key_split
+    >>> from distributed.utils import key_split_group
+    >>> key = task_key("mlp", "grad", 12, "r0", token="9f2c41d7")
+    >>> key, key_split(key), key_split_group(key)
+    (('mlp-grad', '12-r0', '9f2c41d7'), 'mlp-grad', 'mlp-grad')
+    """
+    return (f"{graph}-{phase}", "-".join([str(step), *map(str, rest)]), token)
+
+
+def key_label(key) -> str:
+    """A training task's key as one name, ``<graph>-<phase>-<step>[-<rest>]`` (other keys: their first part).
+
+    >>> key_label(task_key("mlp", "update", 3, token="9f2c41d7"))
+    'mlp-update-3'
+    """
+    if isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, str) for k in key):
+        return f"{key[0]}-{key[1]}"
+    return str(key[0] if isinstance(key, tuple) and key else key)
+
+
 def parse_key(key) -> TaskName | None:
     """What a training task's key says (graph, phase, step, rest), or None for other keys.
 
-    >>> parse_key(("mlp-reduce-12-1-0", "9f2c41d7"))
+    >>> parse_key(task_key("mlp", "reduce", 12, 1, 0, token="9f2c41d7"))
     TaskName(graph='mlp', phase='reduce', step=12, rest='1-0')
     """
-    name = key[0] if isinstance(key, tuple) and key else key
+    name = key_label(key) if isinstance(key, tuple) and key else key
     match = _TASK_NAME.match(name) if isinstance(name, str) else None
     if match is None:
         return None
@@ -95,10 +122,10 @@ def parse_key(key) -> TaskName | None:
 def step_keys(name: str, step: int, replicas: int, token: str) -> dict[str, Any]:
     """The keys of one step's tasks (and ``reduce(depth, index)``, the key of a reduction)."""
     return {
-        "grads": [(task_name(name, "grad", step, f"r{i}"), token) for i in range(replicas)],
-        "update": (task_name(name, "update", step), token),
-        "metrics": (task_name(name, "metrics", step), token),
-        "reduce": lambda depth, index: (task_name(name, "reduce", step, depth, index), token),
+        "grads": [task_key(name, "grad", step, f"r{i}", token=token) for i in range(replicas)],
+        "update": task_key(name, "update", step, token=token),
+        "metrics": task_key(name, "metrics", step, token=token),
+        "reduce": lambda depth, index: task_key(name, "reduce", step, depth, index, token=token),
     }
 
 
@@ -165,14 +192,17 @@ def step_tasks(
     return tasks, keys
 
 
-def allreduce_key(name: str, step: int | str, rank: int, token: str) -> tuple[str, str]:
+def allreduce_key(name: str, step: int | str, rank: int, token: str) -> tuple[str, str, str]:
     """The key of rank ``rank``'s task of step ``step`` (``"start"``: the task placing its replica).
 
     >>> from dask.utils import key_split
-    >>> key_split(allreduce_key("mlp", 12, 0, "9f2c41d7"))
-    'mlp-allreduce'
+    >>> key = allreduce_key("mlp", 12, 0, "9f2c41d7")
+    >>> key, key_split(key)
+    (('mlp-allreduce', '12-r0', '9f2c41d7'), 'mlp-allreduce')
     """
-    return (f"{name}-allreduce-{step}-r{rank}", token)
+    if step == "start":  # its own prefix on the dashboard, as before
+        return (f"{name}-allreduce-start", f"r{rank}", token)
+    return task_key(name, "allreduce", step, f"r{rank}", token=token)
 
 
 def allreduce_calls(

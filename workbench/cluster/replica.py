@@ -98,6 +98,9 @@ class Replica:
         self.comm = communicator(group)
         self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}  # this replica's own arrays
         self.step = step
+        # the lease: the run holds this replica while its start task is wanted (the client that made it is
+        # connected and has not dropped it) and, with ``lease``, while a step comes within that many seconds
+        self.start_key, self.lease, self.used, self._running = None, 0.0, time.monotonic(), False
         self.failed: str | None = None
         self.turn = threading.Condition()
         self._settling: list = []  # the last step's all-reduces, until peers have read what they sent
@@ -170,13 +173,19 @@ class Replica:
         multiplied by on its way into its bucket; ``scale``: what the sum is multiplied by;
         ``fetch_weight``: the shard's share of the batch (its fetches are weighted by it).
         """
-        self._wait_turn(step)
+        self.used, self._running = time.monotonic(), True
+        try:
+            self._wait_turn(step)
+        except BaseException:
+            self._running = False
+            raise
         try:
             return self._run(step, rows, offset, weight, scale, fetch_weight, sync)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
         finally:
+            self.used, self._running = time.monotonic(), False
             with self.turn:
                 self.turn.notify_all()
 
@@ -246,6 +255,10 @@ class Replica:
         if len(_REPLICAS) > 1 and self.comm.size > 1:
             leave_thread_pool()
 
+    def turn_busy(self) -> bool:
+        """Whether a step runs now (its lease does not end while it does)."""
+        return self._running
+
     def close(self) -> None:
         self.comm.close()
 
@@ -284,14 +297,24 @@ _LOCK = threading.Lock()
 
 
 def start_replica(
-    program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup, bucket_bytes: int, *data
+    program: TrainingProgram,
+    variables: dict,
+    step: int,
+    group: CollectiveGroup,
+    bucket_bytes: int,
+    *data,
+    lease: float = 0.0,
 ) -> str:
     """Make this worker's replica of ``group``'s run (dropping older generations of the same run).
 
-    ``data``: one source per feed of the program (see :func:`take_rows`).
+    ``data``: one source per feed of the program (see :func:`take_rows`). The worker drops the replica
+    when the scheduler releases this task (its client left, or dropped the run) and, with ``lease``,
+    when no step came for that many seconds (see :func:`expired`).
     """
     run = group.token.rsplit(".", 1)[0]
     replica = Replica(program, variables, step, group, bucket_bytes, data)
+    replica.start_key, replica.lease = _current_key(), float(lease or 0.0)
+    _watch_leases()
     with _LOCK:
         for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(token).close()
@@ -323,6 +346,48 @@ def stop_replicas(token: str) -> None:
     with _LOCK:
         for t in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(t).close()
+
+
+def held_runs() -> list[str]:
+    """The tokens of the replicas this worker process holds (run with ``client.run``)."""
+    with _LOCK:
+        return sorted(_REPLICAS)
+
+
+def expired(replicas: dict, wanted, now: float) -> list[str]:
+    """The tokens of ``replicas`` whose lease ended: their start task is no longer among the ``wanted``
+    keys (the scheduler released it), or no step came within their ``lease`` seconds."""
+    out = []
+    for token, replica in replicas.items():
+        released = replica.start_key is not None and replica.start_key not in wanted
+        idle = replica.lease > 0 and now - replica.used > replica.lease and not replica.turn_busy()
+        if released or idle:
+            out.append(token)
+    return out
+
+
+LEASES = "workbench-replica-leases"
+
+
+def _watch_leases(period_ms: int = 1000) -> None:
+    """Once per worker: every ``period_ms``, drop the replicas whose lease ended (a no-op outside a worker)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return
+    if LEASES in worker.periodic_callbacks:
+        return
+    from tornado.ioloop import PeriodicCallback
+
+    def sweep():
+        with _LOCK:
+            for token in expired(_REPLICAS, worker.state.tasks, time.monotonic()):
+                _REPLICAS.pop(token).close()
+
+    callback = worker.periodic_callbacks[LEASES] = PeriodicCallback(sweep, period_ms)
+    worker.loop.add_callback(callback.start)
 
 
 def held_variables(token: str) -> dict:
