@@ -152,7 +152,7 @@ class SimulatedReplicas:
                 f"a batch of {request.batch_size} examples cannot be split across {self.replicas} replicas"
             )
         self.program = ReplicaProgram.build(
-            request.graph, request.train, strategy, self.replicas, tuple(request.fetches.values())
+            request.graph, request.train, strategy, self.replicas, tuple(request.fetches.values()), request.feeds
         )
         self.strategy = self.program.name
         self.group = InProcessGroup(self.replicas)

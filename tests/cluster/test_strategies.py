@@ -122,3 +122,20 @@ def test_a_lost_step_restarts_from_the_last_sync_with_every_ranks_state(kit, cli
     assert events == [10]  # redone from the copy of step 10, every rank from its own state
     assert [r["step"] for r in history.records] == list(range(1, 17))
     kit.assert_same_variables(straight, sess.variables, 1e-12)
+
+
+def test_feed_dict_on_the_cluster_equals_the_simulation(client):
+    g = wb.Graph(name="scaled")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3), dtype="float64")
+        scale = wb.placeholder("scale", shape=(), dtype="float64")
+        w = wb.variable("w", shape=(3,), dtype="float64")
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean((wb.sum(x * w, axis=1) * scale - 1.0) ** 2))
+    data = {"x": np.random.default_rng(3).normal(size=(64, 3))}
+    found = []
+    for cluster in (client, False):
+        sess = wb.Session(g, seed=0, cluster=cluster)
+        sess.fit(train, data, batch_size=16, steps=4, feed_dict={"scale": 3.0}, replicas=2,
+                 strategy=wb.strategies.local_sgd(every=2))  # fmt: skip
+        found.append(sess.variables["w"])
+    np.testing.assert_allclose(found[0], found[1], rtol=1e-12)

@@ -239,3 +239,18 @@ def test_more_replicas_than_examples_in_a_batch_are_refused(data):
     g, train, _ = mlp()
     with pytest.raises(wb.ArgumentError, match="a batch of 2 examples cannot be split across 3 replicas"):
         fit(g, train, data, steps=1, batch_size=2, replicas=3)
+
+
+def test_feed_dict_values_reach_every_replica():
+    g = wb.Graph(name="scaled")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3), dtype="float64")
+        scale = wb.placeholder("scale", shape=(), dtype="float64")
+        w = wb.variable("w", shape=(3,), dtype="float64")
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean((wb.sum(x * w, axis=1) * scale - 1.0) ** 2))
+    data = {"x": np.random.default_rng(3).normal(size=(64, 3))}
+    local, _ = fit(g, train, data, steps=4, batch_size=16, feed_dict={"scale": 3.0})
+    simulated, _ = fit(g, train, data, steps=4, batch_size=16, feed_dict={"scale": 3.0}, replicas=2)
+    assert_close(simulated, local, 1e-9)
+    other, _ = fit(g, train, data, steps=4, batch_size=16, feed_dict={"scale": 1.0}, replicas=2)
+    assert not np.allclose(other["w"], simulated["w"])

@@ -171,7 +171,8 @@ def make(request, client, options, events, strategy):
             raise ClusterError(
                 f"a strategy runs one replica per worker; replicas={replicas} exceeds the {workers} workers"
             )
-        built = ReplicaProgram.build(request.graph, request.train, strategy, replicas, tuple(request.fetches.values()))
+        fetches = tuple(request.fetches.values())
+        built = ReplicaProgram.build(request.graph, request.train, strategy, replicas, fetches, request.feeds)
         shipped = strategy_program(request, built)
         engine.engine = StrategyEngine(
             client,

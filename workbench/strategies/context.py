@@ -19,7 +19,7 @@ import numpy as np
 from workbench import ops
 from workbench.errors import StrategyError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor, Variable, user_source
-from workbench.graph.passes import needed_ops, rebuild
+from workbench.graph.passes import bind_placeholders, needed_ops, rebuild
 from workbench.graph.records import TrainingRecord
 from workbench.ops import collective
 from workbench.strategies import weights
@@ -300,9 +300,10 @@ def _user_frame(error: BaseException):
     return found
 
 
-def build(graph: Graph, train: str, strategy, replicas: int, fetches=()) -> Record:
+def build(graph: Graph, train: str, strategy, replicas: int, fetches=(), feeds=None) -> Record:
     """Call ``strategy`` (a :class:`~workbench.strategies.registry.Strategy`) on a replica of ``graph``'s
-    fit of ``train`` with ``replicas`` replicas; the record of what it built."""
+    fit of ``train`` with ``replicas`` replicas; the record of what it built. ``feeds``: placeholder
+    name to the value fed at every step (``fit(feed_dict=...)``), bound into the program as constants."""
     record = graph.training.get(train)
     if record is None:
         known = ", ".join(repr(n) for n in graph.training) or "none"
@@ -310,7 +311,7 @@ def build(graph: Graph, train: str, strategy, replicas: int, fetches=()) -> Reco
             f"strategy {strategy.name!r}: {train!r} is not an optimizer update; a strategy needs the "
             f"operation optimizer.minimize() returned (this graph has: {known})"
         )
-    copy, _ = rebuild(graph)
+    copy, _ = rebuild(bind_placeholders(graph, feeds or {}))
     copy.training = dict(graph.training)
     loss_dtype = copy.get(record.loss).dtype if record.loss else copy.get(record.gradients[0][0]).dtype
     rec = Record(strategy.name, copy, len(copy.operations), int(replicas), record, tuple(fetches), {}, None)

@@ -46,11 +46,12 @@ class ReplicaProgram:
     _variants: dict = field(default_factory=dict)
 
     @classmethod
-    def build(cls, graph: Graph, train: str, strategy, replicas: int, fetches=()) -> ReplicaProgram:
-        """Call ``strategy`` (a name, a Strategy or a function of ``r``) for a fit of ``train`` on ``graph``."""
+    def build(cls, graph: Graph, train: str, strategy, replicas: int, fetches=(), feeds=None) -> ReplicaProgram:
+        """Call ``strategy`` (a name, a Strategy or a function of ``r``) for a fit of ``train`` on ``graph``
+        (``feeds``: what ``fit(feed_dict=...)`` feeds at every step)."""
         chosen = resolve(strategy)
         fetches = tuple(fetches)
-        return cls(chosen, build(graph, train, chosen, replicas, fetches), fetches)
+        return cls(chosen, build(graph, train, chosen, replicas, fetches, feeds), fetches)
 
     @property
     def name(self) -> str:
