@@ -78,6 +78,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     max_pool2d,
     maximum,
     mean,
+    min,
     minimum,
     multiply,
     negative,
@@ -86,6 +87,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     ones_like,
     placeholder,
     pow,
+    prod,
     relu,
     reshape,
     sigmoid,
@@ -100,6 +102,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     tanh,
     transpose,
     variable,
+    variables_initializer,
     where,
     zeros_like,
 )

@@ -14,6 +14,7 @@ from workbench.events import ROOT, EventStream, PlanCompiled, RunFailed, RunFini
 from workbench.fitloop import FitLoop, FitRequest, LocalSteps, request_stop
 from workbench.devices import open_device
 from workbench.graph.compile import PlanCache, PlanKey, compile_plan
+from workbench.graph import default_session
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
@@ -148,6 +149,8 @@ class Session:
         ``step + 1`` draws, locally or on a cluster; by default they draw anew each run.
         """
         flat, unflatten = _flatten(fetches)
+        if any(_is_initializer(f) for f in flat):
+            return unflatten(self._run_initializers(flat, feed_dict, check_numerics, step))
         names = [self._fetch_name(f) for f in flat]
         if feed_dict and any(is_dask_array(v) for v in feed_dict.values()):
             return unflatten(self._run_sharded(names, feed_dict))
@@ -157,6 +160,17 @@ class Session:
         values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
         result = self.device.result
         return unflatten([None if v is None else result(v) for v in values])
+
+    def _run_initializers(self, flat: list, feed_dict, check_numerics, step) -> list:
+        """Fetched initializer ops (``variables_initializer``) (re)set their variables first; the
+        other fetches then run as usual. An initializer fetches as None."""
+        for fetch in flat:
+            if _is_initializer(fetch):
+                self._fetch_name(fetch)  # this session's graph
+                self.initialize(list(fetch.attrs["variables"]))
+        rest = [f for f in flat if not _is_initializer(f)]
+        values = iter(self.run(rest, feed_dict, check_numerics, step) if rest else [])
+        return [None if _is_initializer(f) else next(values) for f in flat]
 
     def _execute(self, plan: Plan, feed_values: list, check_numerics: bool, step: int | None) -> list:
         """One run of ``plan`` on the device, with run events for whoever watches."""
@@ -447,10 +461,16 @@ class Session:
             close(self.client)
         self.client = None
 
+    def as_default(self):
+        """``with sess.as_default():`` makes this the session ``Tensor.eval()`` and ``Operation.run()`` use."""
+        return default_session.as_default(self)
+
     def __enter__(self) -> Session:
+        default_session.push(self)  # as in TensorFlow 1.x, ``with Session() as sess:`` is also the default
         return self
 
     def __exit__(self, *exc) -> None:
+        default_session.remove(self)
         self.close()
 
     # -- checkpoints -------------------------------------------------------------------
@@ -501,6 +521,10 @@ def _client_for(cluster, security=None):
         return default_client(), False
     client = connect(cluster, security=security)
     return client, client is not cluster
+
+
+def _is_initializer(fetch) -> bool:
+    return isinstance(fetch, Operation) and fetch.type == "initialize_variables"
 
 
 def _updated_variables(graph: Graph) -> list[str]:

@@ -64,10 +64,19 @@ from workbench.ops.nn import (
     softmax,
     softmax_cross_entropy,
 )
+from workbench.ops.reductions import min, prod
 from workbench.ops.registry import REGISTRY, OpDef, TensorSpec, apply, get_op
 from workbench.ops import fused as _fused  # noqa: E402, F401 - registers fused_elementwise
 from workbench.ops import fused_train as _fused_train  # noqa: E402, F401 - registers fused_update, softmax_cross_entropy_with_grad
-from workbench.ops.state import assign, assign_add, assign_sub, constant, placeholder, variable
+from workbench.ops.state import (
+    assign,
+    assign_add,
+    assign_sub,
+    constant,
+    placeholder,
+    variable,
+    variables_initializer,
+)
 
 #: The op functions users call (``wb.matmul`` ...), by name.
 PUBLIC = (
@@ -101,6 +110,7 @@ PUBLIC = (
     "max_pool2d",
     "maximum",
     "mean",
+    "min",
     "minimum",
     "multiply",
     "negative",
@@ -109,6 +119,7 @@ PUBLIC = (
     "ones_like",
     "placeholder",
     "pow",
+    "prod",
     "relu",
     "reshape",
     "sigmoid",
@@ -123,6 +134,7 @@ PUBLIC = (
     "tanh",
     "transpose",
     "variable",
+    "variables_initializer",
     "where",
     "zeros_like",
 )
