@@ -314,6 +314,7 @@ class Session:
         validation=None,
         stats: int | None = None,
         step_timeout: float | None = None,
+        feed_dict: dict | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -356,6 +357,11 @@ class Session:
         stats : int, optional
             Every ``stats`` steps, also fetch the statistic ops :func:`workbench.watch` adds
             (gradient norms, activation mean/std) into ``History.stats``. Local training only.
+        feed_dict : dict, optional
+            Placeholders (names or tensors) fed the same value at every training step,
+            locally and on a cluster, e.g. ``{"training": True}`` for a placeholder
+            ``training`` with ``default=False``; validation runs without them (so with
+            the placeholders' defaults: the graph's inference settings).
 
         Returns
         -------
@@ -375,7 +381,7 @@ class Session:
         On a cluster every failure is a ``ClusterError`` whose cause is chained.
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
-        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats)
+        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict)
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         if self.client is None:
             engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
@@ -410,7 +416,9 @@ class Session:
             raise ClusterError(f"strategy={strategy!r} {needs}")
         return LocalSteps(self, request)
 
-    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None) -> FitRequest:
+    def _fit_request(
+        self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None
+    ) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
         if stats is not None and self.client is not None:
             raise ClusterError(
@@ -436,7 +444,24 @@ class Session:
             check_numerics=check_numerics,
             stats={} if stats is None else self._probes(train),
             stats_every=stats or 0,
+            feeds=self._fixed_feeds(feed_dict, arrays),
         )
+
+    def _fixed_feeds(self, feed_dict, data: dict) -> dict:
+        """``fit``'s ``feed_dict``: placeholder name to a checked host array, fed at every step."""
+        if feed_dict is None:
+            return {}
+        if not isinstance(feed_dict, dict):
+            raise FeedError(
+                f"fit() feed_dict must be a dict from placeholders to values, got {type(feed_dict).__name__}"
+            )
+        fixed = {}
+        for key, value in feed_dict.items():
+            ph = self._placeholder(key)
+            if ph.name in data:
+                raise FeedError(f"fit() feeds placeholder {ph.name!r} both in data (by rows) and in feed_dict")
+            fixed[ph.name] = self._feed_value(ph, value)
+        return fixed
 
     def _probes(self, train) -> dict[str, str]:
         """Label to tensor of the graph's statistic ops (:func:`workbench.watch`'s defaults if it has none)."""
