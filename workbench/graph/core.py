@@ -86,10 +86,18 @@ class Tensor:
         return running_session(session, f"tensor {self.name!r}.eval()").run(self, feed_dict=feed_dict)
 
     def __bool__(self) -> bool:
-        raise GraphError(f"the truth value of tensor {self.name!r} is not known until the graph runs")
+        raise GraphError(
+            f"the truth value of tensor {self.name!r} is not known until the graph runs "
+            "(Python's max(a, b) and min(a, b) compare their arguments: write wb.maximum(a, b) or wb.minimum(a, b); "
+            "for a choice, wb.where(condition, a, b))"
+        )
 
     def __iter__(self):
-        raise GraphError(f"tensor {self.name!r} cannot be iterated over; index it instead")
+        raise GraphError(
+            f"tensor {self.name!r} cannot be iterated over; index it instead. Python's sum, max, min, all and any "
+            f"iterate over their argument: for a reduction write reduce_sum({_short_name(self)}, axis=...) "
+            "(reduce_max, reduce_min, reduce_all, reduce_any), or wb.sum, wb.max, wb.min, wb.all"
+        )
 
     def __len__(self) -> int:
         if self.shape is None or not self.shape or self.shape[0] is None:
@@ -119,6 +127,10 @@ class Tensor:
     __le__ = lambda a, b: ops.less_equal(a, b)  # noqa: E731
     __gt__ = lambda a, b: ops.greater(a, b)  # noqa: E731
     __ge__ = lambda a, b: ops.greater_equal(a, b)  # noqa: E731
+
+
+def _short_name(t: Tensor) -> str:
+    return t.name.rsplit("/", 1)[-1].partition(":")[0]
 
 
 class Variable(Tensor):
