@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -85,6 +86,7 @@ class Session:
         self._state: dict[str, Any] = {}
         self._plans = PlanCache()
         self._fits = 0
+        self._said_local = False  # whether run() said that a training step runs here, not on the cluster
         #: The history of the latest ``fit``, also when it was interrupted or failed (the steps done).
         self.last_history: History | None = None
 
@@ -154,6 +156,9 @@ class Session:
         names = [self._fetch_name(f) for f in flat]
         if feed_dict and any(is_dask_array(v) for v in feed_dict.values()):
             return unflatten(self._run_sharded(names, feed_dict))
+        if self.client is not None and not self._said_local and any(n in self.graph.training for n in names):
+            self._said_local = True
+            warnings.warn(LocalRunWarning(_RUNS_HERE), stacklevel=2)
         feeds = self._check_feeds(feed_dict or {})
         plan = self._plan(names, feeds)
         values = self._execute(plan, [feeds[n] for n in plan.feed_names], check_numerics, step)
@@ -529,6 +534,17 @@ class Session:
         """Checked values onto the device, as the variables' new arrays (copies: the caller keeps its own)."""
         for name, value in arrays.items():
             self._state[name] = self.device.put(np.array(value))
+
+
+class LocalRunWarning(UserWarning):
+    """A cluster session's ``run`` of a training step: it runs in this process, not on the cluster."""
+
+
+_RUNS_HERE = (
+    "sess.run(train) runs the training step in this (the notebook's) process, not on the session's cluster; "
+    "to train data-parallel on the cluster call sess.fit(train, data={...}, batch_size=..., replicas=N) "
+    "(this is said once per session)"
+)
 
 
 def _client_for(cluster, security=None):

@@ -125,4 +125,6 @@ def test_deep_mnist_for_experts_convolutional_network(mnist):
     assert train_accuracies[0] < 0.5 < train_accuracies[-1]  # it learned, from chance
     assert test_accuracy >= 0.95
     # the graph holds the model, not the random constants that initialized it
-    assert not any(op.type == "constant" and op.outputs[0].shape == (5, 5, 32, 64) for op in tf.get_default_graph().operations)
+    assert not any(
+        op.type == "constant" and op.outputs[0].shape == (5, 5, 32, 64) for op in tf.get_default_graph().operations
+    )

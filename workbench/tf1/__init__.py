@@ -30,10 +30,10 @@ import workbench as wb
 from workbench.graph import default_session as _default_session
 from workbench.graph.core import Graph, Operation, Tensor, Variable, get_default_graph, reset_default_graph
 from workbench.ops.registry import DTYPES as _DTYPES
-from workbench.tf1 import nn, train
+from workbench.tf1 import nn, train  # noqa: F401 - tf.nn, tf.train
 from workbench.tf1._common import UnsupportedError, axis_arg, generator, one_of, set_random_seed, shape_arg
 from workbench.tf1._common import unsupported as _unsupported
-from workbench.tf1.session import InteractiveSession, Session
+from workbench.tf1.session import InteractiveSession, Session  # noqa: F401 - tf.Session ...
 
 # -- dtypes: their names, which is what a tensor's ``dtype`` is -------------------------
 float16, float32, float64 = "float16", "float32", "float64"
@@ -142,7 +142,9 @@ def get_variable(name, shape=None, dtype=float32, initializer=None, trainable=Tr
     if kwargs.get("reuse"):
         raise UnsupportedError("tf.get_variable(reuse=True): variables are not shared by name; keep the Variable")
     if initializer is None:
-        return wb.variable(name, shape=shape_arg(shape), init="glorot_uniform", dtype=as_dtype(dtype), trainable=trainable)
+        return wb.variable(
+            name, shape=shape_arg(shape), init="glorot_uniform", dtype=as_dtype(dtype), trainable=trainable
+        )
     return Variable(initializer, name=name, trainable=trainable, dtype=as_dtype(dtype))
 
 
@@ -249,7 +251,9 @@ def square(x, name=None):
 
 def one_hot(indices, depth, on_value=None, off_value=None, axis=None, dtype=float32, name=None):
     if on_value is not None or off_value is not None or axis not in (None, -1):
-        raise wb.ArgumentError("tf.one_hot: on_value, off_value and axis are not supported (1 and 0 on a new last axis)")
+        raise wb.ArgumentError(
+            "tf.one_hot: on_value, off_value and axis are not supported (1 and 0 on a new last axis)"
+        )
     return wb.one_hot(indices, depth, dtype=as_dtype(dtype), name=name)
 
 

@@ -92,9 +92,7 @@ def _spatial(values, data_format: str, what: str, arg: str) -> tuple[int, int]:
     if len(values) == 4:
         batch, channels = (values[0], values[3]) if data_format == "NHWC" else (values[0], values[1])
         if batch != 1 or channels != 1:
-            raise ArgumentError(
-                f"tf.nn.{what}: {arg}={values} must be 1 on the batch and channel axes ({data_format})"
-            )
+            raise ArgumentError(f"tf.nn.{what}: {arg}={values} must be 1 on the batch and channel axes ({data_format})")
         return (values[1], values[2]) if data_format == "NHWC" else (values[2], values[3])
     raise ArgumentError(f"tf.nn.{what}: {arg} has 1, 2 or 4 values, got {values}")
 

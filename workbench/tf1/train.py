@@ -57,7 +57,9 @@ class MomentumOptimizer(_Tf1Optimizer, optimizers.Momentum):
     """``tf.train.MomentumOptimizer(learning_rate, momentum, use_nesterov=False)``: :class:`~workbench.optimizers.Momentum`."""
 
     def __init__(self, learning_rate, momentum, use_locking=False, name="Momentum", use_nesterov=False):
-        super().__init__(learning_rate, momentum=momentum, nesterov=use_nesterov, name=_checked_name(use_locking, name, "Momentum"))
+        super().__init__(
+            learning_rate, momentum=momentum, nesterov=use_nesterov, name=_checked_name(use_locking, name, "Momentum")
+        )
 
 
 class AdamOptimizer(_Tf1Optimizer, optimizers.Adam):
@@ -65,7 +67,9 @@ class AdamOptimizer(_Tf1Optimizer, optimizers.Adam):
     update as TensorFlow's (bias correction folded into the step size)."""
 
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-08, use_locking=False, name="Adam"):
-        super().__init__(learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon, name=_checked_name(use_locking, name, "Adam"))
+        super().__init__(
+            learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon, name=_checked_name(use_locking, name, "Adam")
+        )
 
 
 # -- synchronous replicas ---------------------------------------------------------------
@@ -101,7 +105,10 @@ class SyncReplicasOptimizer:
                 f"<= total_num_replicas ({total})"
             )
         self.optimizer = opt
-        self.fit_options = {"replicas": int(replicas_to_aggregate), "backup_replicas": total - int(replicas_to_aggregate)}
+        self.fit_options = {
+            "replicas": int(replicas_to_aggregate),
+            "backup_replicas": total - int(replicas_to_aggregate),
+        }
 
     def compute_gradients(self, *args, **kwargs):
         return self.optimizer.compute_gradients(*args, **kwargs)
@@ -110,7 +117,9 @@ class SyncReplicasOptimizer:
         return self._record(self.optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name))
 
     def minimize(self, loss, global_step=None, var_list=None, name=None, **kwargs):
-        return self._record(self.optimizer.minimize(loss, global_step=global_step, var_list=var_list, name=name, **kwargs))
+        return self._record(
+            self.optimizer.minimize(loss, global_step=global_step, var_list=var_list, name=name, **kwargs)
+        )
 
     def _record(self, update):
         _FIT_OPTIONS.setdefault(update.graph, {})[update.name] = dict(self.fit_options)
@@ -153,7 +162,9 @@ _NO_QUEUES = "feed NumPy arrays (sess.run(..., feed_dict=...)) or give sess.fit(
 replica_device_setter = unsupported("train.replica_device_setter", _USE_FIT)
 ClusterSpec = unsupported("train.ClusterSpec", _USE_FIT)
 Server = unsupported("train.Server", _USE_FIT)
-MonitoredTrainingSession = unsupported("train.MonitoredTrainingSession", _USE_FIT + "; checkpoint_dir= and validation= are fit's too")
+MonitoredTrainingSession = unsupported(
+    "train.MonitoredTrainingSession", _USE_FIT + "; checkpoint_dir= and validation= are fit's too"
+)
 Supervisor = unsupported("train.Supervisor", _USE_FIT)
 start_queue_runners = unsupported("train.start_queue_runners", _NO_QUEUES)
 QueueRunner = unsupported("train.QueueRunner", _NO_QUEUES)
