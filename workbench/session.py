@@ -174,7 +174,7 @@ class Session:
                 self._fetch_name(fetch)  # this session's graph
                 self.initialize(list(fetch.attrs["variables"]))
         rest = [f for f in flat if not _is_initializer(f)]
-        values = iter(self.run(rest, feed_dict, check_numerics, step) if rest else [])
+        values = iter(self.run(rest, feed_dict=feed_dict, check_numerics=check_numerics, step=step) if rest else [])
         return [None if _is_initializer(f) else next(values) for f in flat]
 
     def _execute(self, plan: Plan, feed_values: list, check_numerics: bool, step: int | None) -> list:

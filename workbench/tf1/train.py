@@ -27,11 +27,12 @@ class _Tf1Optimizer:
             self._global_step = None
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        self._global_step = global_step
+        outer = self._global_step  # minimize's, when it calls this
+        self._global_step = global_step if global_step is not None else outer
         try:
             return super().apply_gradients(grads_and_vars, name=name)
         finally:
-            self._global_step = None
+            self._global_step = outer
 
     def _apply(self, grads_and_vars):
         updates = super()._apply(grads_and_vars)
