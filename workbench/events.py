@@ -310,6 +310,14 @@ class GraphCapture(Event):
     steps: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClusterClosed(Event):
+    """This process closed its client of the cluster at ``scheduler`` (and the cluster, when it started it)."""
+
+    kind: ClassVar[str] = "cluster_closed"
+    scheduler: str = ""
+
+
 #: Every event class by its ``kind``.
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls
@@ -331,6 +339,7 @@ KINDS: dict[str, type[Event]] = {
         ScalingPoint,
         ScalingFinished,
         GraphCapture,
+        ClusterClosed,
     )
 }
 Listener = Callable[[Event], None]

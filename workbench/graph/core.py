@@ -384,6 +384,17 @@ class Graph:
     def __len__(self) -> int:
         return len(self.operations)
 
+    def summary(self, print_fn=print) -> str | None:
+        """Print (with ``print_fn``; None: return it) a table of parameters per top-level name scope and
+        in total: trained parameters, and the other values variables hold (optimizer slots, counters)."""
+        from workbench.graph.summary import summary_text
+
+        text = summary_text(self)
+        if print_fn is None:
+            return text
+        print_fn(text)
+        return None
+
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} with {len(self.operations)} operations>"
 

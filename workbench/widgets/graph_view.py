@@ -272,6 +272,15 @@ class GraphView(View):
     def snapshot_state(self):
         return self.layout, self.states, self.node_stats, self.stat_scale
 
+    def __repr__(self) -> str:
+        """One line: ``graph mlp · 45 ops · 2,410 parameters · 3 scopes folded``."""
+        from workbench.graph.summary import trainable_parameters
+
+        return (
+            f"graph {self.graph.name} · {len(self.graph.operations)} ops · {trainable_parameters(self.graph):,} "
+            f"parameters · {len(self.collapsed)} scopes folded"
+        )
+
     def render_snapshot(self, state) -> str:
         return snapshots.graph_svg(*state)
 

@@ -161,7 +161,7 @@ def training_svg(title: str, state: dict) -> str:
     width = 812
     outcome = state.get("outcome") or state.get("status") or "waiting"
     head = f"{title} · {outcome}" + (f" · batch {state['batch_size']}" if state.get("batch_size") else "")
-    bar = {"failed": "#cf222e", "interrupted": "#bf8700"}.get(state.get("status"), "#2da44e")
+    bar = {"failed": "#cf222e", "interrupted": "#bf8700", "stopped": "#57606a"}.get(state.get("status"), "#2da44e")
     body = [
         element("text", head, x=8, y=16, font_weight="600", fill=INK),
         element("rect", x=8, y=26, width=width - 16, height=20, rx=4, fill="#f6f8fa", stroke=BORDER),
@@ -306,6 +306,11 @@ def cluster_svg(info: dict | None, message: str = "") -> str:
         text = message or "no default cluster"
         return document(max(300, 7 * len(text) + 16), 28, [element("text", text, x=8, y=18, fill=INK)], text)
     workers = info.get("workers") or []
+    if info.get("closed"):
+        head = f"Dask cluster {info.get('scheduler', '')} · closed"
+        body = [element("text", head, x=8, y=16, font_weight="600", fill=INK)]
+        body += [element("text", message, x=8, y=36, fill=MUTED)] if message else []
+        return document(max(420, 7 * max(len(head), len(message)) + 16), 48, body, head)
     total = {k: sum(w.get(k) or 0 for w in workers) for k in ("threads", "memory", "gpus")}
     head = (
         f"Dask cluster {info.get('scheduler', '')} · {len(workers)} workers · {total['threads']} threads · "
