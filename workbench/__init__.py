@@ -38,6 +38,7 @@ from workbench.graph import (
     name_scope,
     reset_default_graph,
 )
+from workbench.graph import cond, scan
 from workbench.graph.precision import mixed_precision
 from workbench.graph.probes import watch
 from workbench.metrics import accuracy
@@ -107,6 +108,22 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     zeros_like,
 )
 
+from workbench.ops import (  # noqa: E402, F401 - normalization, attention, pooling, padding, special, indexing
+    avg_pool2d,
+    clip,
+    cumsum,
+    erf,
+    gelu,
+    layer_norm,
+    moments,
+    pad,
+    rsqrt,
+    scaled_dot_product_attention,
+    scatter_add,
+    square,
+    top_k,
+)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -144,6 +161,8 @@ __all__ = [
     "ScalingStudy",
     "scaling_study",
     "cluster",
+    "cond",
+    "scan",
     *_PUBLIC_OPS,
 ]
 

@@ -146,7 +146,10 @@ def test_pooling_in_nhwc():
     xv = np.random.default_rng(1).standard_normal((2, 4, 4, 3))
     x = tf.constant(xv)
     y = tf.nn.max_pool(x, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1], padding="SAME")
-    np.testing.assert_array_equal(run(y), xv.reshape(2, 2, 2, 2, 2, 3).max(axis=(2, 4)))
+    a = tf.nn.avg_pool(x, ksize=[1, 2, 2, 1], strides=[1, 2, 2, 1], padding="VALID")
+    got_max, got_avg = run([y, a])
+    np.testing.assert_array_equal(got_max, xv.reshape(2, 2, 2, 2, 2, 3).max(axis=(2, 4)))
+    np.testing.assert_allclose(got_avg, xv.reshape(2, 2, 2, 2, 2, 3).mean(axis=(2, 4)), rtol=1e-12)
 
 
 def test_a_conv2d_whose_shapes_fit_the_other_layout_says_so():

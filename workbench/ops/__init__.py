@@ -77,6 +77,11 @@ from workbench.ops.state import (
     variable,
     variables_initializer,
 )
+from workbench.ops.attention import scaled_dot_product_attention
+from workbench.ops.indexing import cumsum, pad, scatter_add, top_k
+from workbench.ops.norm import layer_norm, moments
+from workbench.ops.pool import avg_pool2d
+from workbench.ops.special import clip, erf, gelu, rsqrt, square
 
 #: The op functions users call (``wb.matmul`` ...), by name.
 PUBLIC = (
@@ -137,4 +142,21 @@ PUBLIC = (
     "variables_initializer",
     "where",
     "zeros_like",
+)
+
+#: Normalization, attention, pooling, padding, special functions and indexing ops.
+PUBLIC += (
+    "avg_pool2d",
+    "clip",
+    "cumsum",
+    "erf",
+    "gelu",
+    "layer_norm",
+    "moments",
+    "pad",
+    "rsqrt",
+    "scaled_dot_product_attention",
+    "scatter_add",
+    "square",
+    "top_k",
 )

@@ -19,6 +19,9 @@ An op is registered once with :func:`defop`:
 - ``writes(attrs, n_inputs)``, optional, for a stateful op that updates several
   variables at once: the input position of the variable each output is written
   into (a plain update writes its input 0).
+- ``bodies``, optional, names the attributes that hold sub-graphs (the bodies of
+  ``cond`` and ``scan``, see :mod:`workbench.graph.control`): a plan compiles each
+  into a sub-plan once and passes them to the kernel as ``plans=``.
 
 Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
 at import time. The registry knows nothing of graphs: op functions reach the graph
@@ -61,6 +64,9 @@ class OpDef:
     # an update of several variables: writes(attrs, n_inputs) gives the input position of the variable
     # each output is written into; kernel returns the new values, inplace(xp, None, ...) writes them there
     writes: Callable[..., tuple] | None = None
+    # attributes holding sub-graphs (control-flow bodies): the plan compiler compiles each once into a
+    # sub-plan and passes them to the kernel as ``plans=`` (a tuple, in this order)
+    bodies: tuple[str, ...] = ()
 
     @property
     def differentiable(self) -> bool:

@@ -245,10 +245,6 @@ def expand_dims(input, axis=None, name=None, dim=None):  # noqa: A002
     return wb.expand_dims(input, one_of(axis, dim, "axis", "dim"), name=name)
 
 
-def square(x, name=None):
-    return wb.multiply(x, x, name=name)
-
-
 def one_hot(indices, depth, on_value=None, off_value=None, axis=None, dtype=float32, name=None):
     if on_value is not None or off_value is not None or axis not in (None, -1):
         raise wb.ArgumentError(
@@ -306,6 +302,7 @@ equal, not_equal, less, less_equal, greater, greater_equal = (
     wb.equal, wb.not_equal, wb.less, wb.less_equal, wb.greater, wb.greater_equal,
 )  # fmt: skip
 identity, stop_gradient, zeros_like, ones_like = wb.identity, wb.stop_gradient, wb.zeros_like, wb.ones_like
+square, rsqrt, erf, clip_by_value = wb.square, wb.rsqrt, wb.erf, wb.clip
 assign, assign_add, assign_sub, group = wb.assign, wb.assign_add, wb.assign_sub, wb.group
 is_finite = wb.isfinite
 
@@ -324,7 +321,13 @@ ConfigProto = _unsupported("ConfigProto", "sessions take no config; wb.Session(d
 Print = _unsupported("Print", "fetch the tensor (sess.run) or record it with fit(fetches={...})")
 py_func = _unsupported("py_func", "graphs hold only workbench ops; compute in Python between runs")
 while_loop = _unsupported("while_loop", "use wb.scan for loops over a sequence")
-cond = _unsupported("cond", "use wb.where(condition, a, b) or wb.cond")
+
+
+def cond(pred, true_fn=None, false_fn=None, strict=False, name=None, fn1=None, fn2=None):
+    """``tf.cond(pred, true_fn, false_fn)``: :func:`wb.cond` (only the branch taken runs)."""
+    return wb.cond(pred, true_fn if fn1 is None else fn1, false_fn if fn2 is None else fn2, name=name)
+
+
 summary = None  # replaced below by a module whose every function raises
 
 

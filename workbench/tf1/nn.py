@@ -169,18 +169,11 @@ def _pool(kind: str, value, ksize, strides, padding, data_format, name):
     size, stride = _spatial(ksize, layout, kind, "ksize"), _spatial(strides, layout, kind, "strides")
     pad = _padding(padding, kind)
     _rank4(value, kind, layout)
-    op = wb.max_pool2d if kind == "max_pool" else _avg_pool2d()
+    op = wb.max_pool2d if kind == "max_pool" else wb.avg_pool2d
     with wb.name_scope(name or ("MaxPool" if kind == "max_pool" else "AvgPool")):
         x = wb.transpose(value, _TO_NCHW) if layout == "NHWC" else value
         y = op(x, size, stride=stride, padding=pad)
         return wb.transpose(y, _TO_NHWC) if layout == "NHWC" else y
-
-
-def _avg_pool2d():
-    found = getattr(wb, "avg_pool2d", None)
-    if found is None:  # pragma: no cover - wb.avg_pool2d is part of the package
-        raise ArgumentError("tf.nn.avg_pool needs wb.avg_pool2d, which this version of workbench does not have")
-    return found
 
 
 def max_pool(value, ksize, strides, padding, data_format="NHWC", name=None, input=None):  # noqa: A002
