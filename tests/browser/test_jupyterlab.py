@@ -386,8 +386,9 @@ def test_graph_views_of_a_cnn_and_a_deep_mlp_fold_search_zoom_and_box_only_membe
         assert "conv2/conv2d" in cnn.locator(".wb-details").inner_text()
         cnn.screenshot(path=str(tmp_path / "cnn-search.png"))
 
-        # Unfold everything: every box holds its members and nothing else.
-        cnn.locator("button", has_text="unfold all").click()
+        # Unfold everything, a level at a time: every box holds its members and nothing else.
+        for _ in range(4):
+            cnn.locator("button", has_text="unfold one level").click()
         page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length > 100",
                                arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
         result = cnn.evaluate(BOX_CHECK)
@@ -639,7 +640,7 @@ def test_the_stop_button_ends_a_running_fit_after_its_current_step(lab, tmp_path
         )
         view.locator("button.wb-stop").click()
         page.wait_for_function(
-            "() => /interrupted at step [1-9]/.test(document.querySelector('.wb-training .wb-title').textContent)",
+            "() => /stopped at step [1-9]/.test(document.querySelector('.wb-training .wb-title').textContent)",
             timeout=30_000,
         )
         wait_for_last_cell(page)
@@ -647,4 +648,6 @@ def test_the_stop_button_ends_a_running_fit_after_its_current_step(lab, tmp_path
         page.screenshot(path=str(tmp_path / "stopped.png"))
         done = int(page.locator(".jp-OutputArea-output", has_text="steps done").inner_text().split()[-1])
         title = view.locator(".wb-title").inner_text()
-        assert 0 < done < 10_000_000 and f"interrupted at step {done}" in title
+        assert 0 < done < 10_000_000 and f"stopped at step {done}" in title
+        progress = view.locator(".wb-progress-text").inner_text()
+        assert f"step {done} / 10000000" in progress  # the bar agrees with the title

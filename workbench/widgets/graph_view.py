@@ -108,6 +108,7 @@ class GraphView(View):
             if fold - set(self.collapsed):
                 self.collapsed = sorted(set(self.collapsed) | fold)  # lays out again
                 return
+        self.names = [op.name for op in self.graph.operations]  # ops added since (fit's statistics) too
         self.layout = graph_layout(self.graph, self.collapsed)
         self.states = group_states(self.op_states, self.collapsed)
         self._show_stats()
@@ -174,6 +175,11 @@ class GraphView(View):
     def unfold_all(self) -> None:
         """Open every name scope, the gradient subgraph included."""
         self.collapsed = []
+
+    def unfold_one_level(self) -> None:
+        """Open the outermost folded scopes (those drawn as boxes now), keeping their own scopes folded:
+        what the toolbar's "unfold one level" does, so a big model opens a level at a time."""
+        self.collapsed = unfold_one_level(self.collapsed, all_scopes(self.graph))
 
     def search(self, text: str) -> list[str]:
         """Names of the operations that contain ``text`` (case-insensitive), an exact match first."""
@@ -297,3 +303,11 @@ def link_shown(training_view, graph_token: str) -> list[GraphView]:
     for view in views:
         view.follow(training_view)
     return views
+
+
+def unfold_one_level(collapsed, scopes) -> list[str]:
+    """``collapsed`` less its outermost folded scopes (no folded scope around them), plus those
+    scopes' direct sub-scopes (so what opens shows its own scopes folded)."""
+    folded = set(collapsed)
+    top = {s for s in folded if not any(a in folded for a in scopes_of(s))}
+    return sorted((folded - top) | {s for s in scopes if s.rpartition("/")[0] in top})

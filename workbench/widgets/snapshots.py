@@ -54,7 +54,7 @@ def graph_svg(layout: dict, states: dict, values: dict | None = None, scale: dic
     by_id = {n["id"]: n for n in nodes}
     folded = layout.get("collapsed") or []
     title = f"graph {layout.get('name', '')} · {len(nodes)} nodes" + (
-        f" · folded: {', '.join(folded)}" if folded else ""
+        f" · {len(folded)} scope{'' if len(folded) == 1 else 's'} folded" if folded else ""
     )
     if values and scale:
         title += f" · colour: {scale.get('title', '')} at step {scale.get('step', '')}"

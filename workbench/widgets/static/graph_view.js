@@ -51,6 +51,14 @@ function scopesOf(name) {
   return parts.map((_, i) => parts.slice(0, i + 1).join("/"));
 }
 
+// The folded scopes less the outermost ones (no folded scope around them), plus their direct sub-scopes.
+function unfoldOneLevel(collapsed, scopes) {
+  const folded = new Set(collapsed);
+  const top = new Set([...folded].filter((s) => !scopesOf(s).some((a) => folded.has(a))));
+  const parent = (s) => s.split("/").slice(0, -1).join("/");
+  return [...folded].filter((s) => !top.has(s)).concat(scopes.filter((s) => top.has(parent(s))));
+}
+
 // Names containing the text (case-insensitive), an exact match (whole name, then last part) first.
 function search(names, text) {
   const needle = text.trim().toLowerCase();
@@ -93,7 +101,8 @@ function toolbar(model, zoomBy, fitWidth) {
   });
   bar.append(
     button("fold all", "fold every name scope", () => setCollapsed(allScopes())),
-    button("unfold all", "open every name scope", () => setCollapsed([])),
+    button("unfold one level", "open the outermost folded scopes (theirs stay folded)",
+           () => setCollapsed(unfoldOneLevel(model.get("collapsed") || [], allScopes()))),
     button("−", "zoom out", () => zoomBy(1 / 1.25)),
     button("+", "zoom in", () => zoomBy(1.25)),
     button("fit width", "scale the drawing to the width of the view", fitWidth),
@@ -291,8 +300,10 @@ function render({ model, el: root }) {
     const layout = model.get("layout") || {};
     const nodes = layout.nodes || [];
     const byId = new Map(nodes.map((n) => [n.id, n]));
-    title.textContent = `graph ${layout.name || ""} · ${nodes.length} nodes` +
-      ((layout.collapsed || []).length ? ` · folded: ${layout.collapsed.join(", ")}` : "");
+    const folded = (layout.collapsed || []).length;
+    title.textContent = `graph ${layout.name || ""} · ${(model.get("names") || []).length} ops · ${nodes.length} nodes` +
+      (folded ? ` · ${folded} scope${folded === 1 ? "" : "s"} folded` : "");
+    title.title = folded ? `folded: ${layout.collapsed.join(", ")}` : "";
     svg = el("svg", { width: layout.width || 0, height: layout.height || 0, class: "wb-svg",
                       viewBox: `0 0 ${layout.width || 0} ${layout.height || 0}` });
     const defs = el("defs", {}, svg);
