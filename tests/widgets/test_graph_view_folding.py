@@ -49,3 +49,14 @@ def test_unfold_one_level_opens_the_outermost_folded_scopes_only():
     assert "layer0/dense" not in view.collapsed
     assert unfold_one_level(["a"], ["a", "a/b", "a/b/c", "d"]) == ["a/b"]  # its sub-scopes start folded
     assert unfold_one_level(["a", "a/b", "d"], ["a", "a/b", "d"]) == ["a/b"]
+
+
+def test_constants_show_their_value():
+    g = wb.Graph(name="c")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3))
+        y = x * 0.5 + wb.constant([1.0, 2.0, 3.0]) + wb.constant(np.arange(12.0, dtype="float32").reshape(3, 4))[0, :3]
+    values = {n["type"] + ":" + n.get("value", ""): n for n in GraphView(g).layout["nodes"] if n["type"] == "constant"}
+    assert set(values) == {"constant:0.5", "constant:[1, 2, 3]", "constant:0 … 11"}
+    assert "0.5 · ()" in GraphView(g).snapshot()
+    assert y.shape == (None, 3)

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from workbench.graph.core import Graph, Operation
 from workbench.ops import rules
 from workbench.widgets.drawn import control_scopes, drawn_operations
@@ -100,7 +102,23 @@ def op_info(op: Operation) -> dict[str, Any]:
         "outputs": [{"shape": _shape(t.shape), "dtype": t.dtype} for t in op.outputs],
         "inputs": [t.name for t in op.inputs] + [f"^{c.name}" for c in op.control_inputs],
         "source": source,
+        **({"value": constant_text(op.attrs["value"])} if op.type == "constant" else {}),
     }
+
+
+def constant_text(value) -> str:
+    """A constant's value as the graph view shows it: the number, a few elements, or its range."""
+    array = np.asarray(value)
+    if array.size == 0:
+        return "[]"
+    if array.size == 1:
+        return f"{array.reshape(()).item():.4g}" if array.dtype.kind == "f" else str(array.reshape(()).item())
+    if array.size <= 4 and array.ndim == 1:
+        return "[" + ", ".join(f"{v:.3g}" if array.dtype.kind == "f" else str(v) for v in array.tolist()) + "]"
+    if array.dtype.kind in "biuf":
+        lo, hi = array.min(), array.max()
+        return f"{lo:.3g} … {hi:.3g}" if array.dtype.kind == "f" else f"{lo} … {hi}"
+    return ""
 
 
 def visible_node(name: str, collapsed: set[str]) -> str:

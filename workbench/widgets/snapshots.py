@@ -117,6 +117,8 @@ def _graph_node(node: dict, state: str | None, top: float, fill: str | None = No
     )
     if kind == "scope":
         sub = f"{node.get('members', 0)} ops · folded"
+    elif node.get("value"):
+        sub = f"{node['value']} · {node.get('shape') or node.get('dtype', '')}"
     else:
         sub = f"{node.get('type', '')} · {node['shape']}" if node.get("shape") else node.get("type", "")
     parts = [

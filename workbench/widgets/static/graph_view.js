@@ -39,6 +39,7 @@ function shapeFor(node, g) {
 function subtitle(node) {
   if (node.kind === "scope" && node.control) return `${node.control} · ${node.members} ops · click to open`;
   if (node.kind === "scope") return `${node.members} ops · click to open`;
+  if (node.value !== undefined && node.value !== "") return `${node.value} · ${node.shape || node.dtype}`;
   return node.shape ? `${node.type} · ${node.shape}` : node.type;
 }
 
