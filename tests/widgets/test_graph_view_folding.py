@@ -60,3 +60,13 @@ def test_constants_show_their_value():
     assert set(values) == {"constant:0.5", "constant:[1, 2, 3]", "constant:0 … 11"}
     assert "0.5 · ()" in GraphView(g).snapshot()
     assert y.shape == (None, 3)
+
+
+def test_the_header_and_folded_scopes_count_parameters():
+    g, _, _ = _model()
+    view = GraphView(g)
+    view.fold_all()
+    assert view.layout["parameters"] == 3 * (16 + 4) and view.layout["operations"] == len(g.operations)
+    scopes = {n["id"]: n for n in view.layout["nodes"] if n["kind"] == "scope"}
+    assert scopes["layer0"]["parameters"] == 20 and scopes["Adam"]["parameters"] == 0  # slots are not trained
+    assert "20 params" in view.snapshot() and "60 parameters" in view.snapshot()

@@ -108,7 +108,7 @@ class GraphView(View):
             if fold - set(self.collapsed):
                 self.collapsed = sorted(set(self.collapsed) | fold)  # lays out again
                 return
-        self.names = [op.name for op in self.graph.operations]  # ops added since (fit's statistics) too
+        self.names = [op.name for op in drawn_operations(self.graph)]  # ops added since (fit's statistics) too
         self.layout = graph_layout(self.graph, self.collapsed)
         self.states = group_states(self.op_states, self.collapsed)
         self._show_stats()

@@ -148,6 +148,8 @@ def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
             nodes[vid] = _group_node(vid, controls.get(vid))
         if vid != op.name:
             nodes[vid]["members"] += 1
+            if op.type == "variable" and op.attrs.get("trainable"):
+                nodes[vid]["parameters"] += _size(op.outputs[0].shape)
     edges = _edges(drawn, collapsed)
     blocks = _blocks(nodes, edges)
     width, height = blocks[""]["w"], blocks[""]["h"]
@@ -163,6 +165,8 @@ def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
         "edges": [{"source": s, "target": t, "control": c} for (s, t), c in edges.items()],
         "boxes": sorted(boxes, key=lambda b: (b["depth"], b["scope"])),
         "collapsed": sorted(collapsed),
+        "operations": len(graph.operations),
+        "parameters": sum(_size(v.shape) for v in graph.trainable_variables),
         "width": width,
         "height": height,
     }
@@ -196,8 +200,16 @@ def _group_node(scope: str, control=None) -> dict[str, Any]:
         "inputs": [],
         "source": None,
         "members": 0,
+        "parameters": 0,  # elements of the trainable variables inside
         "scope": "/".join(scope.split("/")[:-1]),
     }
+
+
+def _size(shape) -> int:
+    size = 1
+    for d in shape:
+        size *= d
+    return size
 
 
 def _shape(shape) -> str:

@@ -53,7 +53,8 @@ def graph_svg(layout: dict, states: dict, values: dict | None = None, scale: dic
     nodes = layout.get("nodes", [])
     by_id = {n["id"]: n for n in nodes}
     folded = layout.get("collapsed") or []
-    title = f"graph {layout.get('name', '')} · {len(nodes)} nodes" + (
+    params = f" · {layout['parameters']:,} parameters" if layout.get("parameters") else ""
+    title = f"graph {layout.get('name', '')} · {len(nodes)} nodes{params}" + (
         f" · {len(folded)} scope{'' if len(folded) == 1 else 's'} folded" if folded else ""
     )
     if values and scale:
@@ -116,7 +117,8 @@ def _graph_node(node: dict, state: str | None, top: float, fill: str | None = No
         stroke_dasharray="2 2" if kind == "constant" else None,
     )
     if kind == "scope":
-        sub = f"{node.get('members', 0)} ops · folded"
+        params = node.get("parameters") or 0
+        sub = f"{node.get('members', 0)} ops · {params:,} params" if params else f"{node.get('members', 0)} ops · folded"
     elif node.get("value"):
         sub = f"{node['value']} · {node.get('shape') or node.get('dtype', '')}"
     else:

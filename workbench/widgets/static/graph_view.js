@@ -38,9 +38,15 @@ function shapeFor(node, g) {
 
 function subtitle(node) {
   if (node.kind === "scope" && node.control) return `${node.control} · ${node.members} ops · click to open`;
+  if (node.kind === "scope" && node.parameters) return `${node.members} ops · ${count(node.parameters)} params · click to open`;
   if (node.kind === "scope") return `${node.members} ops · click to open`;
   if (node.value !== undefined && node.value !== "") return `${node.value} · ${node.shape || node.dtype}`;
   return node.shape ? `${node.type} · ${node.shape}` : node.type;
+}
+
+// 1234 -> "1,234"; 1.5e6 -> "1.5M"
+function count(n) {
+  return n >= 1e6 ? `${(n / 1e6).toFixed(n >= 1e7 ? 0 : 1)}M` : Math.round(n).toLocaleString("en-US");
 }
 
 function clip(text, n) {
@@ -302,7 +308,8 @@ function render({ model, el: root }) {
     const nodes = layout.nodes || [];
     const byId = new Map(nodes.map((n) => [n.id, n]));
     const folded = (layout.collapsed || []).length;
-    title.textContent = `graph ${layout.name || ""} · ${(model.get("names") || []).length} ops · ${nodes.length} nodes` +
+    title.textContent = `graph ${layout.name || ""} · ${nodes.length} nodes · ${layout.operations ?? nodes.length} ops · ` +
+      `${count(layout.parameters || 0)} parameters` +
       (folded ? ` · ${folded} scope${folded === 1 ? "" : "s"} folded` : "");
     title.title = folded ? `folded: ${layout.collapsed.join(", ")}` : "";
     svg = el("svg", { width: layout.width || 0, height: layout.height || 0, class: "wb-svg",
