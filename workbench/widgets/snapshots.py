@@ -118,7 +118,9 @@ def _graph_node(node: dict, state: str | None, top: float, fill: str | None = No
     )
     if kind == "scope":
         params = node.get("parameters") or 0
-        sub = f"{node.get('members', 0)} ops · {params:,} params" if params else f"{node.get('members', 0)} ops · folded"
+        sub = (
+            f"{node.get('members', 0)} ops · {params:,} params" if params else f"{node.get('members', 0)} ops · folded"
+        )
     elif node.get("value"):
         sub = f"{node['value']} · {node.get('shape') or node.get('dtype', '')}"
     else:
