@@ -229,13 +229,16 @@ function render({ model, el: root }) {
   wrap.className = "wb-graph";
   let svg = null;
 
-  // The drawing's scale: with "fit", the largest (up to 1) that shows its whole width.
+  // The drawing's scale: with "fit", the largest (up to 1) that shows its whole width; when a scope
+  // opens (not the "fit width" button), no smaller than READABLE: a wide drawing scrolls instead.
+  const READABLE = 0.55;
+  let asked = false;  // the last fit was the button's
   function applyZoom() {
     const layout = model.get("layout") || {};
     if (!svg || !layout.width) return;
     let zoom = model.get("zoom") || 1;
     if (model.get("fit") && canvas.clientWidth > 0) {
-      zoom = Math.max(0.01, Math.min(1, (canvas.clientWidth - 4) / layout.width));
+      zoom = Math.max(asked ? 0.01 : READABLE, Math.min(1, (canvas.clientWidth - 4) / layout.width));
       if (Math.abs(zoom - (model.get("zoom") || 1)) > 1e-3) { model.set("zoom", zoom); model.save_changes(); }
     }
     svg.setAttribute("width", Math.round(layout.width * zoom));
@@ -248,7 +251,8 @@ function render({ model, el: root }) {
     model.save_changes();
     applyZoom();
   };
-  const fitWidth = () => { model.set("fit", true); model.save_changes(); applyZoom(); };
+  const fitWidth = () => { asked = true; model.set("fit", true); model.save_changes(); applyZoom(); };
+  model.on("change:collapsed", () => { asked = false; });
   const tools = toolbar(model, zoomBy, fitWidth);
   const stats = statsBar(model);
   const canvas = document.createElement("div");
