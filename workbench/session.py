@@ -425,11 +425,6 @@ class Session:
         self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None
     ) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
-        if stats is not None and self.client is not None:
-            raise ClusterError(
-                "fit(stats=...) is computed by local training only; on a cluster, Step.metrics "
-                "time each phase (compute, reduce, update)"
-            )
         arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:

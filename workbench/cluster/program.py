@@ -90,6 +90,7 @@ class TrainingProgram:
     device_options: tuple = ()
     loss_scale: str = ""
     gradient_variables: tuple = ()
+    stats: tuple = ()  # the statistic ops (workbench.watch) the replica graph also computes, when asked
 
     @classmethod
     def for_fit(cls, request) -> TrainingProgram:
@@ -102,6 +103,7 @@ class TrainingProgram:
             device=request.device.kind,
             device_options=request.device.options,
             fed=list(request.data),
+            stats=tuple(request.stats.values()) if request.stats_every else (),
         )
 
     @classmethod
@@ -114,6 +116,7 @@ class TrainingProgram:
         device: str = "cpu",
         device_options: dict | None = None,
         fed=None,
+        stats=(),
     ) -> TrainingProgram:
         """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded.
 
@@ -135,7 +138,8 @@ class TrainingProgram:
         fetches = tuple(fetches)
         if fed is None:
             fed = [p.name for p in graph.placeholders if p.op.attrs.get("default") is None]
-        replica = optimize(graph, list(gradients) + list(fetches), fed=list(fed))
+        stats = tuple(stats)
+        replica = optimize(graph, list(gradients) + list(fetches) + list(stats), fed=list(fed))
         update = optimize(graph, [train_name], fed=gradients)
         fed_to_update = {op.name for op in update.operations if op.type == "placeholder"} - set(gradient_ops)
         if fed_to_update:
@@ -148,7 +152,7 @@ class TrainingProgram:
         state_vars = tuple(sorted({op.name for op in update.operations if op.type == "variable"} | set(replica_vars)))
         device, options = worker_device(device, device_options or {})
         texts = [replica.to_json(), update.to_json()]
-        parts = [*texts, train_name, *feeds, *gradients, *fetches, str(seed), device, repr(options)]
+        parts = [*texts, train_name, *feeds, *gradients, *fetches, *stats, str(seed), device, repr(options)]
         digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
         return cls(
             *texts,
@@ -165,6 +169,7 @@ class TrainingProgram:
             options,
             loss_scale=record.loss_scale,
             gradient_variables=tuple(v for _, v in record.gradients),
+            stats=stats,
         )
 
 
