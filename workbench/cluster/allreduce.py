@@ -303,7 +303,7 @@ class AllReduceEngine:
         group, futures = self.group, []
         calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
         due = bool(self.stats_every) and step % self.stats_every == 0
-        for rank, ((key, args), worker) in enumerate(zip(calls, group.addresses)):
+        for rank, ((key, args), worker) in enumerate(zip(calls, group.addresses, strict=True)):
             futures.append(
                 self.client.submit(
                     run_step,
@@ -425,5 +425,5 @@ class AllReduceEngine:
             "tasks": len(results),
         }
         reported = next((r["stats"] for r in results if "stats" in r), None)
-        stats = dict(zip(self.stats_labels, reported)) if reported is not None else {}
+        stats = dict(zip(self.stats_labels, reported, strict=True)) if reported is not None else {}
         return StepOutcome(step, fetches, metrics, stats=stats)
