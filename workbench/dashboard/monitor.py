@@ -54,7 +54,9 @@ class TrainingMonitor(SchedulerPlugin):
             return
         fit = self._fit(msg["graph"])
         if msg.get("status") == "started":  # a new fit of that graph
-            fit.update(points=[], stride=1, seen=0, tasks=deque(), started=self.clock(), step=0, loss=None, val_points=[])
+            fit.update(
+                points=[], stride=1, seen=0, tasks=deque(), started=self.clock(), step=0, loss=None, val_points=[]
+            )
         fit.update(
             {
                 k: msg[k]
