@@ -28,6 +28,7 @@ def test_placeholder_takes_dtype_shape_name_in_tensorflow_s_order():
     assert (x.name, x.shape, x.dtype) == ("Placeholder", (None, 64), "float32")
     assert (y.name, y.dtype) == ("labels", "int64") and k.name == "Placeholder_1" and k.shape is None
     assert tf.placeholder(np.float64, [2]).dtype == tf.float64
+    assert tf.placeholder("float", [None, 784]).dtype == "float32"  # the oldest tutorials' spelling
     with pytest.raises(wb.ArgumentError, match=r"tf.placeholder\('x', ...\): the first argument is the dtype"):
         tf.placeholder("x", [None, 3])
 

@@ -41,8 +41,14 @@ int8, int16, int32, int64, uint8, bool = "int8", "int16", "int32", "int64", "uin
 half, double = float16, float64
 
 
+#: TensorFlow's own spellings of dtypes ("float" is float32 there, not NumPy's float64).
+_TF_NAMES = {"float": "float32", "double": "float64", "half": "float16", "int": "int32", "long": "int64"}
+
+
 def as_dtype(dtype) -> str:
-    """A dtype's name (``tf.as_dtype(np.float32) == tf.float32``)."""
+    """A dtype's name (``tf.as_dtype(np.float32) == tf.float32``; ``"float"`` is float32, as in TensorFlow)."""
+    if isinstance(dtype, str) and dtype in _TF_NAMES:
+        return _TF_NAMES[dtype]
     return wb.ops.registry.as_dtype(dtype)
 
 
@@ -52,7 +58,7 @@ def as_dtype(dtype) -> str:
 def placeholder(dtype, shape=None, name=None):
     """``tf.placeholder(dtype, shape=None, name=None)``: TensorFlow's argument order (``wb.placeholder``
     takes the name first). The name defaults to ``"Placeholder"`` (``"Placeholder_1"`` ... when taken)."""
-    if isinstance(dtype, str) and dtype not in _DTYPES and name is None:
+    if isinstance(dtype, str) and dtype not in _DTYPES and dtype not in _TF_NAMES:
         raise wb.ArgumentError(
             f"tf.placeholder({dtype!r}, ...): the first argument is the dtype (tf.float32 ...), as in TensorFlow; "
             "wb.placeholder takes the name first"
