@@ -101,10 +101,14 @@ def pictures(nb) -> list[str]:
     """The SVG pictures in a notebook's saved outputs; every widget output must carry one."""
     found = []
     for cell in nb.cells:
-        for out in cell.get("outputs", []):
+        outputs = cell.get("outputs", [])
+        for i, out in enumerate(outputs):
             data = out.get("data", {})
-            if WIDGET_MIME in data:
-                assert SVG_MIME in data, f"a widget output without a picture: {sorted(data)}"
+            if WIDGET_MIME in data:  # the picture is the next output (what a reopened JupyterLab shows)
+                after = outputs[i + 1].get("data", {}) if i + 1 < len(outputs) else {}
+                assert SVG_MIME in after and "wb-saved-picture" in after.get("text/html", ""), (
+                    f"a widget output without a picture after it: {sorted(after)}"
+                )
             if SVG_MIME in data:
                 ET.fromstring(data[SVG_MIME])  # well-formed
                 found.append(data[SVG_MIME])

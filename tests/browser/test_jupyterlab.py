@@ -646,6 +646,50 @@ def test_cluster_view_says_closed_after_the_cluster_closes(lab, tmp_path):
         page.screenshot(path=str(tmp_path / "closed.png"))
 
 
+REOPEN_NOTEBOOK = [
+    "%load_ext workbench",
+    "%%flow mlp\nx = placeholder('x', shape=(None, 4))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "w = variable('w', shape=(4, 3))\nloss = mean(softmax_cross_entropy(matmul(x, w), y))\ntrain = SGD(0.1).minimize(loss)",
+    "import numpy as np\nimport workbench as wb\nsess = wb.Session(mlp)\n"
+    "h = sess.fit(mlp.train, {'x': np.ones((32, 4), 'float32'), 'y': np.zeros(32, 'int64')}, batch_size=8, steps=20,"
+    " fetches={'loss': mlp.loss})",
+]
+
+
+def test_a_reopened_notebook_shows_the_pictures_of_its_views(lab, tmp_path):
+    chromium = ensure_chromium()
+    from playwright.sync_api import sync_playwright
+
+    url, token, _ = lab
+    with notebook_page(lab, "reopen", REOPEN_NOTEBOOK) as page:
+        wait_for_last_cell(page)
+        page.locator(".wb-training .wb-progress[data-status='done']").wait_for(timeout=60_000)
+        assert page.locator(".wb-graph").count() == 1 and page.locator(".wb-training").count() == 1
+        assert page.locator(".wb-saved-picture").count() == 2
+        assert not page.locator(".wb-saved-picture").first.is_visible()  # live: the views, not their pictures
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        page.wait_for_timeout(2000)
+    with sync_playwright() as pw:  # JupyterLab's default settings: no widget state saved, a fresh kernel
+        browser = launch(pw, chromium)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
+            goto_notebook(page, url, token, "reopen")
+            pictures = page.locator(".wb-saved-picture")
+            pictures.first.wait_for(state="visible", timeout=60_000)
+            page.wait_for_timeout(3000)  # the widget manager has given up on the models by now
+            page.screenshot(path=str(tmp_path / "reopened.png"))
+            assert pictures.count() == 2 and all(pictures.nth(i).is_visible() for i in range(2))
+            assert "run the cell again for the live view" in pictures.first.inner_text()
+            errors = page.get_by_text("Error displaying widget")
+            assert all(not errors.nth(i).is_visible() for i in range(errors.count()))
+            alts = [pictures.nth(i).locator("img").get_attribute("alt") for i in range(2)]
+            assert alts[0].startswith("graph mlp · ") and alts[1].startswith("training · 20 steps · done · loss ")
+        finally:
+            browser.close()
+
+
 STOP_NOTEBOOK = [
     "import numpy as np\nimport workbench as wb\n"
     "g = wb.Graph(name='mlp')\nwith g.as_default():\n"
