@@ -683,7 +683,10 @@ def test_a_reopened_notebook_shows_the_pictures_of_its_views(lab, tmp_path):
             assert pictures.count() == 2 and all(pictures.nth(i).is_visible() for i in range(2))
             assert "run the cell again for the live view" in pictures.first.inner_text()
             errors = page.get_by_text("Error displaying widget")
-            assert all(not errors.nth(i).is_visible() for i in range(errors.count()))
+            shown = [i for i in range(errors.count()) if errors.nth(i).is_visible()]
+            assert not shown, page.evaluate(
+                "() => [...document.querySelectorAll('.jp-OutputArea-child')].map((c) => c.outerHTML.slice(0, 300))"
+            )
             alts = [pictures.nth(i).locator("img").get_attribute("alt") for i in range(2)]
             assert alts[0].startswith("graph mlp · ") and alts[1].startswith("training · 20 steps · done · loss ")
         finally:

@@ -3,7 +3,16 @@
 import pytest
 
 import workbench as wb
-from workbench.events import ROOT, ClusterClosed, FitFinished, FitStarted, ScalingPoint, ScalingStarted, Step
+from workbench.events import (
+    ROOT,
+    ClusterClosed,
+    FitFinished,
+    FitInterrupted,
+    FitStarted,
+    ScalingPoint,
+    ScalingStarted,
+    Step,
+)
 from workbench.widgets import ClusterView, GraphView, ScalingView, TrainingView
 
 
@@ -18,6 +27,10 @@ def test_training_view_text_is_one_line():
                *[Step(step=i, time=0.1, samples_per_s=80.0, fetches={"loss": 1.0 / i}) for i in range(1, 301)],
                FitFinished(steps=300)])  # fmt: skip
     assert _text(view) == "training · 300 steps · done · loss 0.00333"
+    titled = TrainingView(title="training · 300 steps")  # as the notebook names it
+    titled.feed([FitStarted(steps=300, batch_size=8, fetches=("loss",)), Step(step=1, time=0.1, samples_per_s=8.0,
+                 fetches={"loss": 0.054}), FitInterrupted(step=1, steps=300, reason="stopped")])  # fmt: skip
+    assert _text(titled) == "training · 300 steps · stopped at step 1 · loss 0.054"
 
 
 def test_graph_and_scaling_views_text(tmp_path):

@@ -110,11 +110,11 @@ class Snapshot:
         return True
 
 
-#: In a notebook whose widgets have no model (reopened, kernel restarted): hide the widget's error and show
-#: the picture after it. A live view (``.wb-view``) hides the picture instead (views.css has that rule).
+#: In a notebook whose widgets have no model (reopened, kernel restarted): hide the output before the picture
+#: (the widget manager's "model not found") unless it holds a live view; a live view hides the picture instead.
 _PICTURE_STYLE = (
-    ".jp-OutputArea-child:has(> .jp-OutputArea-output.jupyter-widgets:not(:has(*)))"
-    ":has(+ .jp-OutputArea-child .wb-saved-picture) { display: none; }"
+    ".jp-OutputArea-child:has(+ .jp-OutputArea-child .wb-saved-picture):not(:has(.wb-view, .wb-playground))"
+    " { display: none; }"
     ".jp-OutputArea-child:has(.wb-view, .wb-playground) + .jp-OutputArea-child:has(.wb-saved-picture) { display: none; }"
 )
 

@@ -311,7 +311,8 @@ class TrainingView(View):
         """One line: ``training · 300 steps · done · loss 0.054`` (the notebook's text/plain)."""
         m = self.model
         steps = f"{m.steps} steps" if m.status == "done" or not m.steps else f"{m.step} / {m.steps} steps"
-        parts = [self.title, steps, m.outcome]
+        shown = f"{m.steps} steps" in self.title  # the notebook's title says it already ("training · 300 steps")
+        parts = [self.title, m.outcome] if shown else [self.title, steps, m.outcome]
         label = "loss" if "loss" in m.series else next(iter(m.series), None)
         if label is not None and m.series[label].last is not None:
             parts.append(f"{label} {m.series[label].last[1]:.3g}")
