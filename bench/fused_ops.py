@@ -1,5 +1,6 @@
 """Forward + backward time of the fused ops (layer_norm, gelu, attention) against the same maths
-composed from primitive ops, and against PyTorch eager (CPU), one thread each.
+composed from primitive ops, and against PyTorch eager (CPU), one thread each; and an RNN as one
+``scan`` against the same steps unrolled in the graph (the "composite" column).
 
     python bench/fused_ops.py [--rounds 7]
 
@@ -31,15 +32,33 @@ def gelu_composite(x):
     return 0.5 * x * (1.0 + wb.erf(x * (1 / math.sqrt(2))))
 
 
+def gelu_tanh_composite(x):
+    return 0.5 * x * (1.0 + wb.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def rnn_scan(xs, h0, w):
+    return wb.scan(lambda h, x: (wb.tanh(wb.matmul(h, w) + x), h), xs, h0)[1]
+
+
+def rnn_unrolled(xs, h0, w):
+    h, hs = h0, []
+    for t in range(xs.shape[0]):
+        hs.append(h)
+        h = wb.tanh(wb.matmul(h, w) + xs[t])
+    return wb.stack(hs)
+
+
 def attention_composite(q, k, v):
     s = wb.matmul(q, k, transpose_b=True) * (1 / math.sqrt(q.shape[-1]))
     return wb.matmul(wb.softmax(s), v)
 
 
 CASES = {
-    "layer_norm (256x64, 512)": (lambda x, s, o: wb.layer_norm(x, s, o), layer_norm_composite, [(256, 64, 512), (512,), (512,)]),
-    "gelu (256x64, 512)": (wb.gelu, gelu_composite, [(256, 64, 512)]),
+    "layer_norm (64x64, 512)": (lambda x, s, o: wb.layer_norm(x, s, o), layer_norm_composite, [(64, 64, 512), (512,), (512,)]),
+    "gelu (64x64, 512)": (wb.gelu, gelu_composite, [(64, 64, 512)]),
+    "gelu tanh (64x64, 512)": (lambda x: wb.gelu(x, "tanh"), gelu_tanh_composite, [(64, 64, 512)]),
     "attention (64, 4, 64, 32)": (wb.scaled_dot_product_attention, attention_composite, [(64, 4, 64, 32)] * 3),
+    "rnn: scan vs unrolled (8 steps, 64x128)": (rnn_scan, rnn_unrolled, [(8, 64, 128), (64, 128), (128, 128)]),
 }  # fmt: skip
 
 
@@ -65,10 +84,14 @@ def torch_step(name, shapes):
     xs = [torch.tensor(rng.standard_normal(s).astype(np.float32), requires_grad=True) for s in shapes]
     if name.startswith("layer_norm"):
         fn = lambda x, s, o: F.layer_norm(x, (shapes[1][0],), s, o)  # noqa: E731
+    elif name.startswith("gelu tanh"):
+        fn = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
     elif name.startswith("gelu"):
         fn = F.gelu
-    else:
+    elif name.startswith("attention"):
         fn = F.scaled_dot_product_attention
+    else:
+        fn = torch_rnn
     w = torch.tensor(rng.standard_normal(tuple(fn(*xs).shape)).astype(np.float32))
 
     def step():
@@ -77,6 +100,16 @@ def torch_step(name, shapes):
         (fn(*xs) * w).sum().backward()
 
     return step
+
+
+def torch_rnn(xs, h0, w):
+    import torch
+
+    h, hs = h0, []
+    for t in range(xs.shape[0]):
+        hs.append(h)
+        h = torch.tanh(h @ w + xs[t])
+    return torch.stack(hs)
 
 
 def rate(step, seconds=0.3):

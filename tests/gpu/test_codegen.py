@@ -210,3 +210,16 @@ def test_direct_copyto_is_one_memcpy_for_arrays_of_one_shape_and_dtype():
     xp.copyto(dst, src, where=mask)  # a masked copy (in-place where): CuPy's copyto, keywords kept
     assert copies == [24] and len(fallbacks) == 3
     assert fallbacks[-1][1]["where"] is mask
+
+
+def test_the_new_elementwise_ops_generate_with_their_attributes():
+    exact = codegen.expression("gelu", ["x"], "float32", {"approximate": "none"})
+    tanh = codegen.expression("gelu", ["x"], "float32", {"approximate": "tanh"})
+    assert "erf(x" in exact and "tanh(" not in exact and "tanh((float)0.7978845608028654" in tanh
+    assert "erf(" not in codegen.expression("gelu_grad", ["g", "x", "y"], "float64", {"approximate": "tanh"})
+    assert codegen.expression("clip", ["x", "lo", "hi"], "float32") == "(x < lo) ? lo : ((x > hi) ? hi : x)"
+    assert codegen.expression("rsqrt", ["x"], "float64") == "(double)1 / sqrt(x)"
+    assert not codegen.supported("rsqrt", ["int32"], "int32") and codegen.supported("square", ["int32"], "int32")
+    program = (("square", (0,), (), "float32"), ("gelu", (1,), (("approximate", "tanh"),), "float32"))
+    params, out, body = codegen.kernel_source(program, ("float32",))
+    assert body.count("const float") == 2 and "tanh(" in body

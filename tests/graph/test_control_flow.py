@@ -277,3 +277,16 @@ def test_a_scan_under_mixed_precision_casts_inside_its_body(graph):
     assert h.dtype == "float16" and loss.dtype == "float32" and dw.dtype == "float32"
     value = wb.Session(graph).run(dw, {"xs": np.ones((4, 2, 3), np.float32)})
     assert value.dtype == np.float32 and np.isfinite(value).all()
+
+
+def test_each_plan_compiles_its_bodies_once_when_it_is_built(graph):
+    x = wb.placeholder("x", shape=(4,))
+    p = wb.placeholder("p", shape=(), dtype="bool")
+    y = wb.cond(p, lambda: x * 2.0, lambda: x - 1.0)
+    true_body, false_body = y.op.attrs["true_body"], y.op.attrs["false_body"]
+    sess = wb.Session(graph)
+    for flag in (True, False, True, False):
+        sess.run(y, {x: np.ones(4, np.float32), p: flag})
+    assert (true_body.compiled, false_body.compiled) == (1, 1)
+    sess.run([y, x * 3.0], {x: np.ones(4, np.float32), p: True})  # other fetches: another plan, its own sub-plans
+    assert (true_body.compiled, false_body.compiled) == (2, 2)

@@ -259,3 +259,30 @@ def test_attention_with_a_mask_matches_torch():
         *attention_inputs(),
         mask,
     )
+
+
+def test_scan_matches_a_torch_loop():
+    def ours(xs, h0, w, u):
+        (h, total), ys = wb.scan(lambda c, x: ((wb.tanh(wb.matmul(c[0], w) + wb.matmul(x, u)), c[1] + wb.sum(c[0])),
+                                               wb.gelu(c[0])), xs, (h0, wb.zeros_like(wb.sum(h0))))  # fmt: skip
+        return h, total, ys
+
+    def theirs(xs, h0, w, u):
+        h, total, ys = h0, torch.zeros((), dtype=torch.float64), []
+        for x in xs:
+            ys.append(F.gelu(h))
+            h, total = torch.tanh(h @ w + x @ u), total + h.sum()
+        return h, total, torch.stack(ys)
+
+    check(ours, theirs, normal(6, 2, 3), normal(2, 4), normal(4, 4) * 0.5, normal(3, 4))
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_cond_matches_torch_branching(flag):
+    def ours(p, x, w):
+        return wb.cond(p, lambda: wb.layer_norm(x * w, w, w), lambda: wb.square(x) - w)
+
+    def theirs(p, x, w):
+        return F.layer_norm(x * w, (4,), w, w) if bool(p) else x * x - w
+
+    check(ours, theirs, np.array(flag), normal(3, 4), normal(4))

@@ -106,7 +106,7 @@ def _cond_kernel(xp, pred, *operands, true_body, false_body, plans=None):
     if plans:
         plan = plans[0] if taken else plans[1]
     else:
-        plan = (true_body if taken else false_body).compile(xp)
+        plan = (true_body if taken else false_body).cached(xp)
     out = plan.run(list(operands))
     return out[0] if len(out) == 1 else tuple(out)
 
@@ -131,7 +131,8 @@ def _cond_grad(op, *grads):
             found = [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found)]
         bodies.append(Body(grad_body, [t.op.name for t in held + g_out], [t.name for t in found]))
     outs = apply("cond", pred, *operands, *(grads[i] for i in wanted), true_body=bodies[0], false_body=bodies[1])
-    outs = outs if isinstance(outs, tuple) else (outs,)
+    # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
+    outs = tuple(ops.identity(t) for t in (outs if isinstance(outs, tuple) else (outs,)))
     result: list[Tensor | None] = [None] * len(op.inputs)
     for pos, k in enumerate(floats):
         result[1 + k] = outs[pos]

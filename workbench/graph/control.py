@@ -19,6 +19,7 @@ every step are a hidden output of the forward op); the gradient of ``cond`` is a
 from __future__ import annotations
 
 from workbench.errors import FormatError, GraphError
+from workbench.graph import serialize
 from workbench.graph.core import Graph, Tensor, get_default_graph, user_source
 from workbench.ops import rules
 from workbench.ops.registry import TensorSpec, apply, get_op
@@ -98,31 +99,32 @@ class Body:
     def output_specs(self) -> list[TensorSpec]:
         return [self.graph.get(n).spec for n in self.outputs]
 
-    def compile(self, xp, compilers=()) -> SubPlan:  # noqa: A003 - what a plan compiler calls
-        """A sub-plan running this body with namespace ``xp``: pruned and optimized once, then cached."""
-        key = (getattr(xp, "__name__", id(xp)), tuple(compilers))
+    def compile(self, xp, compilers=()) -> SubPlan:
+        """A new sub-plan running this body with namespace ``xp``, pruned and optimized: what a plan
+        makes once for each body of its ops, when it is built (plans are cached, so are they)."""
+        self.compiled += 1
+        return SubPlan(self, xp, compilers)
+
+    def cached(self, xp) -> SubPlan:
+        """A sub-plan for ``xp`` kept with the body: for a kernel called outside a plan (constant folding)."""
+        key = getattr(xp, "__name__", id(xp))
         found = self._plans.get(key)
         if found is None:
-            found = self._plans[key] = SubPlan(self, xp, compilers)
-            self.compiled += 1
+            found = self._plans[key] = self.compile(xp)
         return found
 
     def to_doc(self) -> dict:
-        from workbench.graph.serialize import graph_to_doc
-
-        return {"graph": graph_to_doc(self.graph), "inputs": list(self.inputs), "outputs": list(self.outputs)}
+        return {"graph": serialize.graph_to_doc(self.graph), "inputs": list(self.inputs), "outputs": list(self.outputs)}
 
     @classmethod
     def from_doc(cls, doc) -> Body:
-        from workbench.graph.serialize import graph_from_doc
-
         if (
             not isinstance(doc, dict)
             or not isinstance(doc.get("inputs"), list)
             or not isinstance(doc.get("outputs"), list)
         ):
             raise FormatError('a body needs a "graph" and lists of "inputs" and "outputs"')
-        graph = graph_from_doc(doc.get("graph"), Graph)
+        graph = serialize.graph_from_doc(doc.get("graph"), Graph)
         for name in doc["inputs"]:
             if not isinstance(name, str) or name not in graph or graph.get(name).op.type != "placeholder":
                 raise FormatError(f"body input {name!r} is not a placeholder of the body")
@@ -138,6 +140,9 @@ class Body:
 
     def __repr__(self) -> str:
         return f"<Body of {len(self.graph.operations)} ops: {len(self.inputs)} inputs, {len(self.outputs)} outputs>"
+
+
+serialize.DECODERS["body"] = Body.from_doc
 
 
 class SubPlan:

@@ -145,25 +145,32 @@ def _scan_spec(*specs, body, carries, sequences, reverse, length):
 
 
 def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, plans=None):
-    run = (plans[0] if plans else body.compile(xp)).run
+    run = (plans[0] if plans else body.cached(xp)).run
     carry = list(arrays[:carries])
     xs, captured = arrays[carries : carries + sequences], list(arrays[carries + sequences :])
     steps = xs[0].shape[0] if xs else length
-    ys, history = [None] * steps, [None] * steps
-    for t in reversed(range(steps)) if reverse else range(steps):
-        history[t] = carry
-        out = run([*carry, *(x[t, ...] for x in xs), *captured])
-        carry, ys[t] = out[:carries], out[carries:]
-    n_y = len(body.outputs) - carries
     if steps == 0:
-        stacked = [_empty(xp, s) for s in body.output_specs[carries:]] + [
-            _empty(xp, s) for s in body.input_specs[:carries]
-        ]
-    else:
-        stacked = [xp.stack([xp.asarray(ys[t][j]) for t in range(steps)]) for j in range(n_y)]
-        stacked += [xp.stack([xp.asarray(history[t][j]) for t in range(steps)]) for j in range(carries)]
-    result = (*carry, *stacked)
+        specs = body.output_specs[carries:] + body.input_specs[:carries]
+        result = (*carry, *(_empty(xp, s) for s in specs))
+        return result[0] if len(result) == 1 else result
+    ys = history = None  # (steps, ...) arrays, made at the first step and written one step at a time
+    for t in reversed(range(steps)) if reverse else range(steps):
+        out = run([*carry, *(x[t, ...] for x in xs), *captured])
+        if ys is None:
+            ys = [_stacked(xp, steps, y) for y in out[carries:]]
+            history = [_stacked(xp, steps, c) for c in carry]
+        for stack, value in zip(history, carry):
+            stack[t, ...] = value
+        carry = out[:carries]
+        for stack, value in zip(ys, out[carries:]):
+            stack[t, ...] = value
+    result = (*carry, *ys, *history)
     return result[0] if len(result) == 1 else result
+
+
+def _stacked(xp, steps: int, like):
+    like = xp.asarray(like)
+    return xp.empty((steps, *like.shape), dtype=like.dtype)
 
 
 def _empty(xp, spec: TensorSpec):
@@ -221,7 +228,8 @@ def _scan_grad(op, *grads):
         reverse=not a["reverse"],
         length=a["length"],
     )
-    back = back if isinstance(back, tuple) else (back,)
+    # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
+    back = tuple(ops.identity(t) for t in (back if isinstance(back, tuple) else (back,)))
     result = [None] * len(op.inputs)
     for pos, i in enumerate(fc):
         result[i] = back[pos]

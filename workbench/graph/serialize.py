@@ -23,6 +23,11 @@ from workbench.ops.state import INITIALIZERS
 if TYPE_CHECKING:  # the graph module imports this one: the class is handed in, not imported
     from workbench.graph.core import Graph
 
+#: Attribute values stored as ``{kind: doc}`` objects, decoded by ``DECODERS[kind](doc)``: the
+#: bodies of control-flow ops (``"body"``, registered by :mod:`workbench.graph.control`). Encoded
+#: from any value with a ``to_doc()`` method.
+DECODERS: dict[str, Any] = {}
+
 FORMAT = "workbench-graph"
 VERSION = 1
 MAX_ELEMENTS = 1 << 31
@@ -208,10 +213,9 @@ def _tensor(graph: Graph, name: str, user: str):
 def _decode(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_decode(v) for v in value)
-    if isinstance(value, dict) and set(value) == {"body"}:
-        from workbench.graph.control import Body  # imported here: that module imports the graph, which imports this
-
-        return Body.from_doc(value["body"])
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in DECODERS:
+        ((kind, doc),) = value.items()
+        return DECODERS[kind](doc)
     if isinstance(value, dict):
         if set(value) != {"ndarray"} or not isinstance(value["ndarray"], dict):
             raise FormatError(f"unexpected object in attributes: keys {sorted(value)}")

@@ -11,6 +11,7 @@ import math
 
 from workbench.errors import DTypeError, GradientError, ShapeError
 from workbench.ops import rules
+from workbench.ops.math import identity
 from workbench.ops.registry import TensorSpec, apply, defop
 
 
@@ -118,7 +119,8 @@ def _attention_grad(op, g, g_weights):
             "gradient of 'scaled_dot_product_attention' with respect to its weights output is not defined"
         )
     q, k, v = op.inputs[:3]
-    dq, dk, dv = attention_grad(g, q, k, v, op.outputs[1], scale=op.attrs["scale"])
+    # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
+    dq, dk, dv = (identity(d) for d in attention_grad(g, q, k, v, op.outputs[1], scale=op.attrs["scale"]))
     return (dq, dk, dv) + ((None,) if len(op.inputs) == 4 else ())
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from workbench.errors import GradientError, ShapeError
 from workbench.ops import rules
-from workbench.ops.math import _axis_attr, unreduce
+from workbench.ops.math import _axis_attr, identity, unreduce
 from workbench.ops.registry import TensorSpec, apply, as_dtype, defop
 from workbench.ops.state import constant
 
@@ -129,7 +129,8 @@ def _layer_norm_grad(op, g, g_mean, g_rstd):
         raise GradientError("gradient of 'layer_norm' with respect to its saved statistics is not defined")
     x, scale, _offset = op.inputs
     _y, mean, rstd = op.outputs
-    return layer_norm_grad(g, x, scale, mean, rstd, axis=op.attrs["axis"])
+    # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
+    return tuple(identity(d) for d in layer_norm_grad(g, x, scale, mean, rstd, axis=op.attrs["axis"]))
 
 
 defop("layer_norm", infer=_layer_norm_spec, kernel=_layer_norm_kernel, grad=_layer_norm_grad, num_outputs=3)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from workbench.errors import ShapeError
 from workbench.ops import rules
 from workbench.ops.math import exp, maximum, where, zeros_like
@@ -191,9 +193,9 @@ def _gelu_kernel(xp, x, *, approximate):
 def _gelu_grad_kernel(xp, g, x, y, *, approximate):
     # y = x * r with r = Phi(x) (or 0.5 (1 + tanh u)): r comes back from the forward's output, so the
     # backward pass computes no erf (or tanh) again; at x = 0, r = 1/2
-    zero = x == 0
-    r = y / xp.where(zero, 1.0, x)
-    r = xp.where(zero, 0.5, r)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0 where x = 0, replaced just below
+        r = y / x
+    r = xp.where(x == 0, 0.5, r)
     x2 = x * x
     if approximate == "tanh":
         t = 2.0 * r  # tanh(u), then d/dx 0.5 x (1 + t) = r + 0.5 x (1 - t^2) c (1 + 3 a x^2)
