@@ -16,7 +16,7 @@ ROOT = pathlib.Path(workbench.__file__).parent
 LAYERS = [
     ("base", ["workbench.errors", "workbench.events", "workbench.training", "workbench.datasets"]),
     ("ops", ["workbench.ops"]),
-    ("graph", ["workbench.graph", "workbench.loss_scale", "workbench.optimizers", "workbench.metrics"]),
+    ("graph", ["workbench.graph", "workbench.loss_scale", "workbench.optimizers", "workbench.metrics", "workbench.layers", "workbench.models"]),
     ("checkpoints", ["workbench.checkpoint"]),
     ("devices and the training loop", ["workbench.gpu", "workbench.devices", "workbench.fitloop"]),
     ("cluster", ["workbench.cluster"]),

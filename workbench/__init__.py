@@ -10,6 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers
+from workbench import layers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -146,6 +147,7 @@ __all__ = [
     "Session",
     "accuracy",
     "metrics",
+    "layers",
     "ShapeError",
     "Tensor",
     "Variable",

@@ -146,6 +146,8 @@ class TrainingProgram:
             raise ClusterError(
                 f"the update of {train_name!r} depends on placeholders {sorted(fed_to_update)}; "
                 "only the gradients may depend on the data"
+                + (" (batch norm's moving statistics are updated from each batch: training them on a cluster "
+                   "needs the batch moments all-reduced, which this strategy does not do)" if graph.updates else "")
             )
         feeds = tuple(op.name for op in replica.operations if op.type == "placeholder")
         replica_vars = tuple(op.name for op in replica.operations if op.type == "variable")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.errors import ArgumentError, DTypeError, GradientError, ShapeError
-from workbench.ops import registry, rules
+from workbench.ops import im2col, registry, rules
 from workbench.ops.array import check_indices
 from workbench.ops.fused import device_kernel
 from workbench.ops.math import exp, sum, where
@@ -151,16 +151,7 @@ def conv2d(x, w, stride=1, padding="valid", name=None):
     return apply("conv2d", x, w, stride=_pair(stride), padding=_padding(padding), name=name)
 
 
-def _out_size(size, k, s, padding):
-    """(pad_before, pad_after, output size) for one spatial axis."""
-    if size is None:
-        return None, None, None
-    if padding == "valid":
-        return 0, 0, (size - k) // s + 1
-    out = -(-size // s)
-    total = (out - 1) * s + k - size
-    total = total if total > 0 else 0
-    return total // 2, total - total // 2, out
+_out_size = im2col.out_size  # (pad_before, pad_after, output size) of one spatial axis
 
 
 def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
@@ -254,7 +245,9 @@ def _conv_kernel(xp, x, w, *, stride, padding):
     fast = device_kernel("conv2d", xp, (x, w), {"stride": stride, "padding": padding})
     if fast is not None:  # a device's generated kernels (see workbench.gpu.conv_kernels)
         return fast(x, w)
-    cols, ho, wo = _im2col(xp, x, w.shape[2:], stride, padding)
+    if im2col.strided(xp):
+        return im2col.conv(xp, x, w, stride, padding)
+    cols, ho, wo = _im2col(xp, x, w.shape[2:], stride, padding)  # any array-API namespace
     out = xp.matmul(xp.reshape(w, (w.shape[0], -1)), cols)  # (N, O, Ho*Wo)
     return xp.reshape(out, (x.shape[0], w.shape[0], ho, wo))
 
@@ -263,6 +256,8 @@ def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
     fast = device_kernel("conv2d_input_grad", xp, (g, x, w), {"stride": stride, "padding": padding})
     if fast is not None:
         return fast(g, x, w)
+    if im2col.strided(xp):
+        return im2col.conv_input_grad(xp, g, x.shape, w, stride, padding)
     o, c, kh, kw = w.shape
     n = g.shape[0]
     cols = xp.matmul(xp.matrix_transpose(xp.reshape(w, (o, -1))), xp.reshape(g, (n, o, -1)))  # (N, C*kh*kw, Ho*Wo)
@@ -275,6 +270,8 @@ def _conv_filter_grad_kernel(xp, x, g, w, *, stride, padding):
     fast = device_kernel("conv2d_filter_grad", xp, (x, g, w), {"stride": stride, "padding": padding})
     if fast is not None:
         return fast(x, g, w)
+    if im2col.strided(xp):
+        return im2col.conv_filter_grad(xp, x, g, w, stride, padding)
     cols, _, _ = _im2col(xp, x, w.shape[2:], stride, padding)
     n, o = g.shape[:2]
     per_example = xp.matmul(xp.reshape(g, (n, o, -1)), xp.matrix_transpose(cols))  # (N, O, C*kh*kw)
@@ -345,11 +342,15 @@ def _pool_spec(x: TensorSpec, *, size, stride, padding) -> TensorSpec:
 
 
 def _pool_kernel(xp, x, *, size, stride, padding):
+    if im2col.strided(xp):
+        return im2col.max_pool(xp, x, size, stride, padding)
     parts = _windows(xp, x, size, stride, padding, fill=-float("inf"))
     return xp.max(xp.stack(parts, axis=0), axis=0)
 
 
 def _pool_grad_kernel(xp, g, x, *, size, stride, padding):
+    if im2col.strided(xp):
+        return im2col.max_pool_grad(xp, g, x, size, stride, padding)
     parts = xp.stack(_windows(xp, x, size, stride, padding, fill=-float("inf")), axis=0)
     winner = xp.argmax(parts, axis=0)  # the first maximum of each window takes the gradient
     zero = xp.zeros_like(g)
