@@ -319,6 +319,7 @@ class ClusterClosed(Event):
 
     kind: ClassVar[str] = "cluster_closed"
     scheduler: str = ""
+    shut_down: bool = True  # False: only disconnected from (a cluster reached by address keeps running)
 
 
 #: The scaling study whose fits run now (its token), in this context: their FitStarted say so.

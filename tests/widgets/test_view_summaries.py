@@ -60,10 +60,12 @@ def test_cluster_view_turns_closed_when_its_cluster_closes():
     assert _text(view) == "cluster tcp://127.0.0.1:9 · 1 workers"
     ROOT.emit(ClusterClosed, scheduler="tcp://127.0.0.1:9")
     assert view.closed and not other.closed
-    assert view.info == {"scheduler": "tcp://127.0.0.1:9", "workers": [], "closed": True}
+    assert view.info == {"scheduler": "tcp://127.0.0.1:9", "workers": [], "closed": "closed"}
     assert _text(view) == "cluster tcp://127.0.0.1:9 · closed"
     svg = view.snapshot()
     assert "closed" in svg and "dashboard" not in svg and "tcp://127.0.0.1:1" not in svg
+    ROOT.emit(ClusterClosed, scheduler="tcp://127.0.0.1:10", shut_down=False)  # a cluster reached by address
+    assert _text(other) == "cluster tcp://127.0.0.1:10 · disconnected" and "keeps running" in other.snapshot()
 
 
 @pytest.mark.slow

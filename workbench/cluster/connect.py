@@ -325,7 +325,7 @@ def close(client) -> None:
     client.close()
     if cluster is not None:
         cluster.close()
-    ROOT.emit(ClusterClosed, scheduler=address)
+    ROOT.emit(ClusterClosed, scheduler=address, shut_down=cluster is not None)
 
 
 def _is_client(x) -> bool:

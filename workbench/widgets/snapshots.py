@@ -313,7 +313,8 @@ def cluster_svg(info: dict | None, message: str = "") -> str:
         return document(max(300, 7 * len(text) + 16), 28, [element("text", text, x=8, y=18, fill=INK)], text)
     workers = info.get("workers") or []
     if info.get("closed"):
-        head = f"Dask cluster {info.get('scheduler', '')} · closed"
+        state = info["closed"] if isinstance(info["closed"], str) else "closed"
+        head = f"Dask cluster {info.get('scheduler', '')} · {state}"
         body = [element("text", head, x=8, y=16, font_weight="600", fill=INK)]
         body += [element("text", message, x=8, y=36, fill=MUTED)] if message else []
         return document(max(420, 7 * max(len(head), len(message)) + 16), 48, body, head)

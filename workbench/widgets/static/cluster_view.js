@@ -21,7 +21,7 @@ function render({ model, el: root }) {
       return;
     }
     if (info.closed) {
-      title.textContent = `Dask cluster ${info.scheduler} · closed`;
+      title.textContent = `Dask cluster ${info.scheduler} · ${typeof info.closed === "string" ? info.closed : "closed"}`;
       root.dataset.closed = "true";
       if (message) {
         const m = document.createElement("div");
