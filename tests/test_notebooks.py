@@ -98,7 +98,7 @@ PICTURES = {
 
 
 def pictures(nb) -> list[str]:
-    """The SVG pictures in a notebook's saved outputs; every widget output must carry one."""
+    """The SVG pictures in a notebook's saved outputs; every widget output must be followed by its picture."""
     found = []
     for cell in nb.cells:
         outputs = cell.get("outputs", [])
