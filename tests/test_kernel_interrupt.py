@@ -122,4 +122,4 @@ def test_an_interrupt_stops_the_fit_keeps_the_workers_and_the_stop_button_works(
     assert finish(client, msg_id)["status"] == "ok"
     state = json.loads(run(client, "print(json.dumps(report(before)))")["stdout"])
     assert 0 < state["done"] < 1_000_000 and state["same"] and state["workers"]
-    assert state["outcome"] == f"interrupted at step {state['done']}"
+    assert state["outcome"] == f"stopped at step {state['done']}"  # a stop request, not an interrupt

@@ -1,5 +1,7 @@
 """The %%flow and %flow_cluster magics in a real IPython shell, and in a real kernel (slow)."""
 
+import re
+
 import dask
 import numpy as np
 import pytest
@@ -90,12 +92,52 @@ def test_accuracy_and_argmax_are_in_a_flow_cell(ip):
     assert mlp.acc.op.type == "mean" and mlp.guess.dtype == "int64" and mlp.guess.shape == (None,)
 
 
-def test_user_names_are_visible_and_ops_win_over_builtins(ip):
+def test_user_names_are_visible_and_reductions_have_tf1_names(ip):
     ip.user_ns["data"] = np.ones((3, 4), "float32")
-    assert run(ip, "%%flow other -q\nc = constant(data)\ns = sum(c, axis=1)\nbig = max(s)\n") is None
+    cell = "%%flow other -q\nc = constant(data)\ns = reduce_sum(c, axis=1)\nbig = reduce_max(s)\nlow = wb.min(s)\n"
+    assert run(ip, cell) is None
     g = ip.user_ns["other"]
-    assert g.c.shape == (3, 4) and g.s.op.type == "sum" and g.big.op.type == "max"
+    assert g.c.shape == (3, 4) and g.s.op.type == "sum" and g.big.op.type == "max" and g.low.op.type == "min"
     assert ip.shown == []  # -q: no view
+
+
+def test_flow_cells_leave_python_builtins_alone(ip):
+    import builtins
+
+    from workbench.magics import flow_namespace
+
+    names = flow_namespace()
+    for name in ("sum", "max", "min", "abs", "all", "any", "pow", "round"):
+        assert name not in names, name
+    ip.user_ns["data"] = np.ones((3, 4), "float32")
+    cell = (
+        "%%flow other -q\nparts = [constant(data) * k for k in range(3)]\ntotal = sum(a for a in parts)\n"
+        "n = sum(len(p) for p in parts)\nbiggest = max(3, 7)\nlow = min([4, 2])\nflag = all([True, 1]) and any([0, 1])\n"
+        "p = pow(2, 5)\nr = round(2.6)\nm = abs(-3)\n"
+    )
+    assert run(ip, cell) is None
+    g = ip.user_ns["other"]
+    assert g.total.op.type == "add" and g.total.shape == (3, 4)
+    assert (ip.user_ns.get("n"), ip.user_ns.get("biggest")) == (None, None)  # cell names stay in the cell
+    assert builtins.sum is sum
+
+
+@pytest.mark.parametrize(
+    "code, says",
+    [
+        ("s = sum(c, axis=1)", r"sum\(\.\.\.\) here is Python's sum: for a reduction write reduce_sum\(c, axis=1\) or wb\.sum"),
+        ("s = max(c)", r"max\(\.\.\.\) here is Python's max: for a reduction write reduce_max\(c\) or wb\.max\(c\)"),
+        ("s = all(c > 0.0, axis=0)", r"all\(\.\.\.\) here is Python's all: for a reduction write reduce_all\(c > 0\.0, axis=0\) or wb\.all"),
+    ],
+)
+def test_old_reduction_names_in_a_flow_cell_say_what_to_write(ip, code, says):
+    ip.user_ns["data"] = np.ones((3, 4), "float32")
+    error = run(ip, f"%%flow other -q\nc = constant(data)\n{code}\n")
+    assert isinstance(error, wb.WorkbenchError)
+    report = error.flow_report
+    assert report.splitlines()[:2] == ["%%flow other, line 3:", f"    {code}"]
+    assert re.search(says, report), report
+    assert len(report.splitlines()) == 3  # the cell's line, its code and the message: no frames of workbench
 
 
 def test_a_graph_build_error_reports_the_cell_line_without_internals(ip):
@@ -289,7 +331,7 @@ def test_control_flow_and_the_new_ops_are_in_a_flow_cell(ip):
         'w = variable("w", shape=(3, 3))\n'
         "h, hs = scan(lambda h, x: (gelu(layer_norm(matmul(h, w) + x)), h), xs, zeros_like(xs[0]))\n"
         'training = placeholder("training", shape=(), dtype="bool")\n'
-        "y = cond(training, lambda: sum(square(h)), lambda: sum(clip(h, -1.0, 1.0)))\n"
+        "y = cond(training, lambda: reduce_sum(square(h)), lambda: reduce_sum(clip(h, -1.0, 1.0)))\n"
     )
     assert run(ip, cell) is None
     other = ip.user_ns["other"]

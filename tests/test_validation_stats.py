@@ -181,11 +181,3 @@ def test_watch_picks_statistics_and_names_mistakes():
         wb.watch(loss)
     with pytest.raises(wb.ArgumentError, match="fit\\(\\) stats must be a positive integer, got 0"):
         wb.Session(g).fit(train, data(16, 0), batch_size=8, steps=2, stats=0)
-
-
-def test_stats_on_a_cluster_session_say_they_are_local():
-    g, train, loss, _, _ = mlp()
-    sess = wb.Session(g, cluster=False)
-    sess.client = object()  # stands in for a cluster client: the check comes before any use of it
-    with pytest.raises(wb.ClusterError, match=r"fit\(stats=...\) is computed by local training only"):
-        sess.fit(train, data(16, 0), batch_size=8, steps=2, stats=1)

@@ -86,6 +86,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     max_pool2d,
     maximum,
     mean,
+    min,
     minimum,
     multiply,
     negative,
@@ -94,6 +95,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     ones_like,
     placeholder,
     pow,
+    prod,
     relu,
     reshape,
     sigmoid,
@@ -108,6 +110,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     tanh,
     transpose,
     variable,
+    variables_initializer,
     where,
     zeros_like,
 )

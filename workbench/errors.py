@@ -72,3 +72,31 @@ class CollectiveError(ClusterError):
 class StrategyError(WorkbenchError, ValueError):
     """A distributed strategy function is unknown or builds something a replica cannot run; names the
     strategy and the line of the user's function."""
+
+
+def _user_traceback(error: BaseException) -> list[str]:
+    """``error``'s traceback without workbench's own frames: the user's lines, then the message.
+
+    IPython shows this list for any exception that has ``_render_traceback_``, so a
+    WorkbenchError raised from any notebook cell shows the cell's line, not the internals.
+    """
+    import os
+    import traceback
+
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    shell = os.sep + os.path.join("IPython", "core") + os.sep  # the shell's own frame that runs the cell
+    frames = [
+        (frame, lineno)
+        for frame, lineno in traceback.walk_tb(error.__traceback__)
+        if not os.path.abspath(frame.f_code.co_filename).startswith(package) and shell not in frame.f_code.co_filename
+    ]
+    lines = ["Traceback (most recent call last, workbench's own frames left out):"] if frames else []
+    for entry in traceback.StackSummary.extract(frames):
+        lines.append(f'  File "{entry.filename}", line {entry.lineno}, in {entry.name}')
+        if entry.line:
+            lines.append(f"    {entry.line.strip()}")
+    lines.extend(f"{type(error).__name__}: {error}".split("\n"))
+    return lines
+
+
+WorkbenchError._render_traceback_ = _user_traceback

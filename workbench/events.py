@@ -18,6 +18,8 @@ mapping (``event["kind"]``, ``event["step"]``, ``event.get("loss")``), and
 
 from __future__ import annotations
 
+import contextvars
+
 import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, ClassVar, Mapping
@@ -129,6 +131,7 @@ class FitStarted(Event):
     workers: int | None = None
     graph_name: str = ""
     scheduler: str | None = None
+    study: str = ""  # the token of the scaling study this fit measures ("" for a fit of its own)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +313,19 @@ class GraphCapture(Event):
     steps: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class ClusterClosed(Event):
+    """This process closed its client of the cluster at ``scheduler`` (and the cluster, when it started it)."""
+
+    kind: ClassVar[str] = "cluster_closed"
+    scheduler: str = ""
+    shut_down: bool = True  # False: only disconnected from (a cluster reached by address keeps running)
+
+
+#: The scaling study whose fits run now (its token), in this context: their FitStarted say so.
+current_study: contextvars.ContextVar[str] = contextvars.ContextVar("workbench_study", default="")
+
+
 #: Every event class by its ``kind``.
 KINDS: dict[str, type[Event]] = {
     cls.kind: cls
@@ -331,6 +347,7 @@ KINDS: dict[str, type[Event]] = {
         ScalingPoint,
         ScalingFinished,
         GraphCapture,
+        ClusterClosed,
     )
 }
 Listener = Callable[[Event], None]

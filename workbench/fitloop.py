@@ -35,7 +35,16 @@ from typing import Any, Callable, Iterator, Mapping, Protocol, runtime_checkable
 import numpy as np
 
 from workbench import checkpoint
-from workbench.events import EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step, Validated
+from workbench.events import (
+    EventStream,
+    FitFailed,
+    FitFinished,
+    FitInterrupted,
+    FitStarted,
+    Step,
+    Validated,
+    current_study,
+)
 from workbench.training import History, batch_indices
 
 
@@ -289,6 +298,7 @@ class FitLoop:
             workers=engine.workers,
             graph_name=req.graph.name,
             scheduler=getattr(engine, "scheduler", None),
+            study=current_study.get(),
         )
 
     def _steps(self, engine: StepEngine, start: int) -> None:

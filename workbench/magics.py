@@ -16,6 +16,7 @@ after which ``mlp`` is a :class:`workbench.Graph` and ``mlp.loss`` its loss tens
 
 from __future__ import annotations
 
+import builtins
 import traceback
 from typing import Any
 
@@ -26,16 +27,27 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 import workbench
 from workbench import cluster as wb_cluster
-from workbench.errors import WorkbenchError
+from workbench.errors import GraphError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.records import Source
 from workbench.ops import PUBLIC
 from workbench.ops.state import INITIALIZERS
 
 
+#: The reductions under TensorFlow 1.x's names: ``sum``, ``max`` ... stay Python's own in a cell.
+REDUCTIONS = ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "reduce_all", "reduce_any")
+
+
 def flow_namespace() -> dict[str, Any]:
-    """What a ``%%flow`` cell sees besides the user's names: ops, optimizers, initializers, errors."""
-    names = {name: getattr(workbench, name) for name in PUBLIC}
+    """What a ``%%flow`` cell sees besides the user's names: ops, optimizers, initializers, errors.
+
+    No Python builtin is shadowed (``sum``, ``max``, ``min``, ``abs``, ``all``, ``pow`` ... stay
+    Python's): the reductions are ``reduce_sum`` ... and ``wb.sum`` ...
+    """
+    from workbench import tf1
+
+    names = {name: getattr(workbench, name) for name in PUBLIC if not hasattr(builtins, name)}
+    names.update({name: getattr(tf1, name) for name in REDUCTIONS})
     names.update(
         wb=workbench,
         optimizers=workbench.optimizers,
@@ -261,6 +273,9 @@ def _cell_error(error: Exception, name: str, filename: str) -> Exception:
         tb = tb.tb_next
     if tb is None:
         return error
+    hint = _builtin_reduction_hint(error, tb, filename)
+    if hint is not None:
+        error = GraphError(hint).with_traceback(tb)
     if not isinstance(error, WorkbenchError):
         return _short(error, [part.rstrip("\n") for part in traceback.format_exception(type(error), error, tb)])
     line = tb
@@ -273,6 +288,41 @@ def _cell_error(error: Exception, name: str, filename: str) -> Exception:
     message = "\n".join(part for part in str(error).split("\n") if filename not in part)
     lines = [f"%%flow {name}, line {lineno}:", f"    {code}", f"{type(error).__name__}: {message}"]
     return _short(error, lines)
+
+
+_PYTHON_REDUCTIONS = ("sum", "max", "min", "all", "any")
+
+
+def _builtin_reduction_hint(error: Exception, tb, filename: str) -> str | None:
+    """What to write when a cell line called Python's ``sum``/``max``/``min``/``all``/``any`` as if it
+    were a reduction (``sum(t, axis=1)``, ``max(t)``): None for any other error."""
+    import ast
+    import linecache
+
+    last = tb
+    while last.tb_next is not None:
+        last = last.tb_next
+    in_cell = last.tb_frame.f_code.co_filename == filename
+    tensor_use = isinstance(error, GraphError) and ("cannot be iterated" in str(error) or "truth value" in str(error))
+    if not ((isinstance(error, TypeError) and in_cell) or tensor_use):
+        return None
+    line = tb
+    while line.tb_next is not None and line.tb_next.tb_frame.f_code.co_filename == filename:
+        line = line.tb_next
+    code = linecache.getline(filename, line.tb_lineno).strip()
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _PYTHON_REDUCTIONS:
+            name = node.func.id
+            args = ", ".join([ast.unparse(a) for a in node.args] + [ast.unparse(k) for k in node.keywords])
+            return (
+                f"{name}(...) here is Python's {name}: for a reduction write reduce_{name}({args}) or "
+                f"wb.{name}({args}) (%%flow cells leave Python's builtins alone)"
+            )
+    return None
 
 
 def _short(error: Exception, lines: list[str]) -> Exception:

@@ -62,6 +62,8 @@ def installed() -> bool:
 def _on_event(stream: EventStream, event: Event) -> None:
     if not isinstance(event, (FitStarted, ScalingStarted)):
         return
+    if isinstance(event, FitStarted) and event.study:
+        return  # a run of a scaling study: the study's own view shows it
     from workbench.widgets import ScalingView, TrainingView, link_shown  # widgets only when needed
 
     _hook["views"] = {k: v for k, v in _hook["views"].items() if v.following}

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from workbench.cluster import predict as model
 from workbench.cluster import probe
 from workbench.errors import ClusterError
-from workbench.events import ROOT, ScalingFinished, ScalingPoint, ScalingStarted, new_token
+from workbench.events import ROOT, ScalingFinished, ScalingPoint, ScalingStarted, current_study, new_token
 from workbench.session import Session
 
 
@@ -128,6 +128,7 @@ def scaling_study(
         if owned
         else connect(cluster if cluster is not None else default_client())
     )
+    marked = None
     try:
         available = sorted(client.scheduler_info().get("workers", {}))
         if max(counts) > len(available):
@@ -137,6 +138,7 @@ def scaling_study(
         ids = {"session": new_token("study"), "graph": graph.token}
         ROOT.emit(ScalingStarted(**ids, workers=tuple(counts), batch_size=batch_size, steps=steps))
         measured, model_bytes = {}, 0
+        marked = current_study.set(ids["session"])  # its fits say whose they are: a notebook shows the study's view only
         for k in counts:
             sess = Session(graph, seed=seed, cluster=client)
             total = warmup + steps
@@ -173,6 +175,8 @@ def scaling_study(
         )
         return study
     finally:
+        if marked is not None:
+            current_study.reset(marked)
         if owned:
             close(client)
 

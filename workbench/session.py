@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -15,6 +16,7 @@ from workbench.events import ROOT, EventStream, PlanCompiled, RunFailed, RunFini
 from workbench.fitloop import FitLoop, FitRequest, LocalSteps, request_stop
 from workbench.devices import open_device
 from workbench.graph.compile import PlanCache, PlanKey, compile_plan
+from workbench.graph import default_session
 from workbench.graph.core import Graph, Operation, Tensor, get_default_graph
 from workbench.graph.passes import optimize
 from workbench.graph.plan import Plan
@@ -88,6 +90,7 @@ class Session:
         # checkpoint directory -> the batch seed of this session's fit that wrote it: a fit that resumes
         # there draws the batches the fit it continues would have drawn
         self._batch_seeds: dict[str, tuple] = {}
+        self._said_local = False  # whether run() said that a training step runs here, not on the cluster
         #: The history of the latest ``fit``, also when it was interrupted or failed (the steps done).
         self.last_history: History | None = None
 
@@ -152,15 +155,31 @@ class Session:
         ``step + 1`` draws, locally or on a cluster; by default they draw anew each run.
         """
         flat, unflatten = _flatten(fetches)
+        if any(_is_initializer(f) for f in flat):
+            return unflatten(self._run_initializers(flat, feed_dict, check_numerics, step))
         names = [self._fetch_name(f) for f in flat]
         if feed_dict and any(is_dask_array(v) for v in feed_dict.values()):
             return unflatten(self._run_sharded(names, feed_dict))
+        if self.client is not None and not self._said_local and any(n in self.graph.training for n in names):
+            self._said_local = True
+            warnings.warn(LocalRunWarning(_RUNS_HERE), stacklevel=2)
         feeds = self._check_feeds(feed_dict or {})
         plan = self._plan(names, feeds)
         values = self._execute(plan, [feeds[n] for n in plan.feed_names], check_numerics, step)
         values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
         result = self.device.result
         return unflatten([None if v is None else result(v) for v in values])
+
+    def _run_initializers(self, flat: list, feed_dict, check_numerics, step) -> list:
+        """Fetched initializer ops (``variables_initializer``) (re)set their variables first; the
+        other fetches then run as usual. An initializer fetches as None."""
+        for fetch in flat:
+            if _is_initializer(fetch):
+                self._fetch_name(fetch)  # this session's graph
+                self.initialize(list(fetch.attrs["variables"]))
+        rest = [f for f in flat if not _is_initializer(f)]
+        values = iter(self.run(rest, feed_dict=feed_dict, check_numerics=check_numerics, step=step) if rest else [])
+        return [None if _is_initializer(f) else next(values) for f in flat]
 
     def _execute(self, plan: Plan, feed_values: list, check_numerics: bool, step: int | None) -> list:
         """One run of ``plan`` on the device, with run events for whoever watches."""
@@ -350,7 +369,8 @@ class Session:
             recorded as ``val_<label>`` (see :mod:`workbench.validation`).
         stats : int, optional
             Every ``stats`` steps, also fetch the statistic ops :func:`workbench.watch` adds
-            (gradient norms, activation mean/std) into ``History.stats``. Local training only.
+            (gradient norms, activation mean/std) into ``History.stats``. On a cluster the all-reduce
+            strategy's first replica computes and reports them (its shard's values); other strategies refuse.
         feed_dict : dict, optional
             Placeholders (names or tensors) fed the same value at every training step,
             locally and on a cluster, e.g. ``{"training": True}`` for a placeholder
@@ -429,11 +449,6 @@ class Session:
         self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None
     ) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
-        if stats is not None and self.client is not None:
-            raise ClusterError(
-                "fit(stats=...) is computed by local training only; on a cluster, Step.metrics "
-                "time each phase (compute, reduce, update)"
-            )
         arrays = self._fit_data(data)
         n = check_data(arrays)
         if steps is None:
@@ -495,10 +510,16 @@ class Session:
             close(self.client)
         self.client = None
 
+    def as_default(self):
+        """``with sess.as_default():`` makes this the session ``Tensor.eval()`` and ``Operation.run()`` use."""
+        return default_session.as_default(self)
+
     def __enter__(self) -> Session:
+        default_session.push(self)  # as in TensorFlow 1.x, ``with Session() as sess:`` is also the default
         return self
 
     def __exit__(self, *exc) -> None:
+        default_session.remove(self)
         self.close()
 
     # -- checkpoints -------------------------------------------------------------------
@@ -552,6 +573,17 @@ class Session:
             self._state[name] = self.device.put(np.array(value))
 
 
+class LocalRunWarning(UserWarning):
+    """A cluster session's ``run`` of a training step: it runs in this process, not on the cluster."""
+
+
+_RUNS_HERE = (
+    "sess.run(train) runs the training step in this (the notebook's) process, not on the session's cluster; "
+    "to train data-parallel on the cluster call sess.fit(train, data={...}, batch_size=..., replicas=N) "
+    "(this is said once per session)"
+)
+
+
 def _client_for(cluster, security=None):
     """(client, whether the session owns it) for the ``cluster`` argument of Session.
 
@@ -584,6 +616,10 @@ def _runs_a_strategy_function(strategy) -> bool:
             f"and {', '.join(names())} (registered strategy functions)"
         )
     return is_strategy(strategy)
+
+
+def _is_initializer(fetch) -> bool:
+    return isinstance(fetch, Operation) and fetch.type == "initialize_variables"
 
 
 def _updated_variables(graph: Graph) -> list[str]:

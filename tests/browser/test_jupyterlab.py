@@ -386,20 +386,22 @@ def test_graph_views_of_a_cnn_and_a_deep_mlp_fold_search_zoom_and_box_only_membe
         assert "conv2/conv2d" in cnn.locator(".wb-details").inner_text()
         cnn.screenshot(path=str(tmp_path / "cnn-search.png"))
 
-        # Unfold everything: every box holds its members and nothing else.
-        cnn.locator("button", has_text="unfold all").click()
+        # Unfold everything, a level at a time: every box holds its members and nothing else.
+        for _ in range(4):
+            cnn.locator("button", has_text="unfold one level").click()
         page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length > 100",
                                arg=cnn.element_handle(), timeout=15_000)  # fmt: skip
         result = cnn.evaluate(BOX_CHECK)
         assert result["boxes"] >= 5 and result["bad"] == [], result
         svg = cnn.locator("svg.wb-svg")
         canvas = cnn.locator(".wb-canvas").bounding_box()
-        assert svg.bounding_box()["width"] <= canvas["width"]  # fitted to the width
         zoom = float(svg.get_attribute("data-zoom"))
+        assert zoom >= 0.55 - 1e-3  # opening scopes keeps a readable zoom: a wider drawing scrolls
+        assert svg.bounding_box()["width"] <= canvas["width"] or zoom == pytest.approx(0.55, abs=1e-3)
         cnn.locator("button", has_text="+").click()
         assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom * 1.25, rel=1e-2)
         cnn.locator("button", has_text="fit width").click()
-        assert float(svg.get_attribute("data-zoom")) == pytest.approx(zoom, rel=1e-2)
+        assert svg.bounding_box()["width"] <= canvas["width"] + 1  # the button fits the whole width
         cnn.screenshot(path=str(tmp_path / "cnn-unfolded.png"))
         cnn.locator("button[title='fold every name scope']").click()
         page.wait_for_function("(v) => v.querySelectorAll('g.wb-node').length < 15",
@@ -556,7 +558,8 @@ STATS_NOTEBOOK = [
     "history = sess.fit(deep.train, data={'x': x_train, 'y': y[:1400]}, batch_size=32, steps=120,"
     " fetches={'loss': deep.loss, 'accuracy': deep.acc}, validation=({'x': x[1400:], 'y': y[1400:]}, 10), stats=2)",
     "norms = {s: v['layer1/w/grad_norm'] for s, v in history.stats.items()}\nspike = max(norms, key=norms.get)\n"
-    "print(f'spike at step {spike}: {norms[spike]:.6g}')",
+    "layer = history.stats[spike]['layer1/w/grad_norm'] + history.stats[spike]['layer1/b/grad_norm']\n"
+    "print(f'spike at step {spike}: {norms[spike]:.6g} layer {layer:.6g}')",
 ]
 
 
@@ -566,8 +569,8 @@ def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
         training.locator(".wb-progress[data-status='done']").wait_for(timeout=90_000)
         wait_for_last_cell(page)
         printed = page.locator(".jp-OutputArea-output", has_text="spike at step").first.inner_text()
-        spike, norm = re.search(r"spike at step (\d+): (\S+)", printed).groups()
-        spike, norm = int(spike), float(norm)
+        spike, norm, layer_norm = re.search(r"spike at step (\d+): (\S+) layer (\S+)", printed).groups()
+        spike, norm, layer_norm = int(spike), float(norm), float(layer_norm)
 
         # The validation curve in the loss chart, with a legend; and in the accuracy chart.
         loss = training.locator("svg[data-curve='loss']")
@@ -591,8 +594,8 @@ def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
         page.wait_for_function("(s) => document.querySelector('.wb-stats .wb-stat-step').dataset.step === String(s)",
                                arg=spike, timeout=15_000)  # fmt: skip
         assert training.locator(f"svg[data-curve='loss'] line.wb-marker[data-step='{spike}']").count() == 1
-        layer1 = graph.locator("g.wb-node[data-id='layer1']")
-        assert float(layer1.get_attribute("data-stat")) == pytest.approx(norm, rel=1e-4)
+        layer1 = graph.locator("g.wb-node[data-id='layer1']")  # folded: the sum of its gradient norms
+        assert float(layer1.get_attribute("data-stat")) == pytest.approx(layer_norm, rel=1e-4)
         values = [float(v) for v in graph.locator("g.wb-node[data-stat]").evaluate_all(
             "(nodes) => nodes.map((n) => n.dataset.stat)")]  # fmt: skip
         assert max(values) == float(layer1.get_attribute("data-stat"))
@@ -614,6 +617,80 @@ def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
                                timeout=15_000)  # fmt: skip
         assert graph.locator("g.wb-node[data-stat]").count() >= 3
         page.screenshot(path=str(tmp_path / "stats-scrubbed.png"))
+
+        # Fold all folds everything, the statistics the fit added included; unfold one level opens the
+        # outermost scopes only (the statistics' own scopes stay folded).
+        graph.locator("button", has_text="fold all").click()
+        page.wait_for_function("() => !document.querySelector('.wb-graph g.wb-node[data-id=\"layer1/w\"]')", timeout=15_000)
+        ids = graph.locator("g.wb-node").evaluate_all("(nodes) => nodes.map((n) => n.dataset.id)")
+        assert "stats" in ids and all("/" not in i for i in ids), ids  # only top-level nodes: every scope folded
+        assert "scopes folded" in graph.locator(".wb-title").first.inner_text()
+        graph.locator("button", has_text="unfold one level").click()
+        graph.locator("g.wb-node[data-id='layer1/w']").wait_for(timeout=15_000)
+        ids = graph.locator("g.wb-node").evaluate_all("(nodes) => nodes.map((n) => n.dataset.id)")
+        assert "stats" not in ids and any(i.startswith("stats/") for i in ids), ids
+        assert not any(i.count("/") > 1 and i.startswith("stats/") for i in ids), ids  # one level only
+
+
+CLOSE_NOTEBOOK = ["%load_ext workbench", "%flow_cluster local -n 1", "import time; time.sleep(1)", "%flow_cluster close"]
+
+
+def test_cluster_view_says_closed_after_the_cluster_closes(lab, tmp_path):
+    with notebook_page(lab, "close", CLOSE_NOTEBOOK) as page:
+        wait_for_last_cell(page)
+        cluster = page.locator(".wb-cluster").first
+        page.wait_for_function("() => /· closed/.test(document.querySelector('.wb-cluster .wb-title').textContent)",
+                               timeout=30_000)  # fmt: skip
+        assert cluster.locator("a").count() == 0 and cluster.locator("table").count() == 0  # no live workers, no link
+        assert "closed" in page.locator(".wb-cluster").nth(1).inner_text()  # the close cell's own view
+        page.screenshot(path=str(tmp_path / "closed.png"))
+
+
+REOPEN_NOTEBOOK = [
+    "%load_ext workbench",
+    "%%flow mlp\nx = placeholder('x', shape=(None, 4))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "w = variable('w', shape=(4, 3))\nloss = mean(softmax_cross_entropy(matmul(x, w), y))\ntrain = SGD(0.1).minimize(loss)",
+    "import numpy as np\nimport workbench as wb\nsess = wb.Session(mlp)\n"
+    "h = sess.fit(mlp.train, {'x': np.ones((32, 4), 'float32'), 'y': np.zeros(32, 'int64')}, batch_size=8, steps=20,"
+    " fetches={'loss': mlp.loss})",
+]
+
+
+def test_a_reopened_notebook_shows_the_pictures_of_its_views(lab, tmp_path):
+    chromium = ensure_chromium()
+    from playwright.sync_api import sync_playwright
+
+    url, token, _ = lab
+    with notebook_page(lab, "reopen", REOPEN_NOTEBOOK) as page:
+        wait_for_last_cell(page)
+        page.locator(".wb-training .wb-progress[data-status='done']").wait_for(timeout=60_000)
+        assert page.locator(".wb-graph").count() == 1 and page.locator(".wb-training").count() == 1
+        assert page.locator(".wb-saved-picture").count() == 2
+        assert not page.locator(".wb-saved-picture").first.is_visible()  # live: the views, not their pictures
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=30_000)
+        page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        page.wait_for_timeout(2000)
+    with sync_playwright() as pw:  # JupyterLab's default settings: no widget state saved, a fresh kernel
+        browser = launch(pw, chromium)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
+            goto_notebook(page, url, token, "reopen")
+            pictures = page.locator(".wb-saved-picture")
+            pictures.first.wait_for(state="visible", timeout=60_000)
+            page.wait_for_timeout(3000)  # the widget manager has given up on the models by now
+            page.screenshot(path=str(tmp_path / "reopened.png"))
+            assert pictures.count() == 2 and all(pictures.nth(i).is_visible() for i in range(2))
+            assert "run the cell again for the live view" in pictures.first.inner_text()
+            errors = page.get_by_text("Error displaying widget")
+            shown = [i for i in range(errors.count()) if errors.nth(i).is_visible()]
+            assert not shown, page.evaluate(
+                "() => [...document.querySelectorAll('.jp-OutputArea-child')].map((c) => c.outerHTML.slice(0, 300))"
+            )
+            alts = [pictures.nth(i).locator("img").get_attribute("alt") for i in range(2)]
+            assert alts[0].startswith("graph mlp · ") and alts[1].startswith("training · 20 steps · done · loss ")
+        finally:
+            browser.close()
 
 
 STOP_NOTEBOOK = [
@@ -639,7 +716,7 @@ def test_the_stop_button_ends_a_running_fit_after_its_current_step(lab, tmp_path
         )
         view.locator("button.wb-stop").click()
         page.wait_for_function(
-            "() => /interrupted at step [1-9]/.test(document.querySelector('.wb-training .wb-title').textContent)",
+            "() => /stopped at step [1-9]/.test(document.querySelector('.wb-training .wb-title').textContent)",
             timeout=30_000,
         )
         wait_for_last_cell(page)
@@ -647,4 +724,6 @@ def test_the_stop_button_ends_a_running_fit_after_its_current_step(lab, tmp_path
         page.screenshot(path=str(tmp_path / "stopped.png"))
         done = int(page.locator(".jp-OutputArea-output", has_text="steps done").inner_text().split()[-1])
         title = view.locator(".wb-title").inner_text()
-        assert 0 < done < 10_000_000 and f"interrupted at step {done}" in title
+        assert 0 < done < 10_000_000 and f"stopped at step {done}" in title
+        progress = view.locator(".wb-progress-text").inner_text()
+        assert f"step {done} / 10000000" in progress  # the bar agrees with the title

@@ -63,14 +63,18 @@ def test_sharded_inference_refuses_what_cannot_be_split(kit):
 
 def test_scaling_study_reports_each_worker_count(client, kit):
     model, data = kit.mlp(hidden=32), kit.blobs(n=256)
-    events = []
+    events, fits = [], []
     unsubscribe = ROOT.subscribe(lambda e: events.append(e) if e["kind"].startswith("scaling") else None)
+    unsubscribe_fits = ROOT.subscribe(lambda e: fits.append(e) if e["kind"] == "fit_started" else None)
     try:
         study = wb.scaling_study(
             model["graph"], model["train"], data, batch_size=64, steps=4, workers=[1, 2], cluster=client
         )
     finally:
         unsubscribe()
+        unsubscribe_fits()
+    # each run says it is the study's (a notebook then shows the study's view, not one per run)
+    assert len(fits) == 2 and {f.study for f in fits} == {events[0].session}
     assert [r["workers"] for r in study.rows] == [1, 2]
     first, second = study.rows
     assert first["speedup"] == 1.0 and first["efficiency"] == 1.0

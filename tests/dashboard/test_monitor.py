@@ -4,7 +4,7 @@ import pytest
 from bokeh.models import ColumnDataSource, Div
 from prometheus_client import CollectorRegistry, generate_latest
 
-from workbench.events import FitFinished, FitStarted, RunStarted, Step
+from workbench.events import FitFinished, FitStarted, RunStarted, Step, Validated
 from workbench.dashboard.forward import TOPIC, Forwarder, training_update
 from workbench.dashboard.monitor import MAX_POINTS, NAME, TIMELINE_STEPS, TrainingMonitor, metric_families
 from workbench.dashboard.page import NOT_LOADED, PAGE, TrainingPage, register_page
@@ -146,12 +146,35 @@ def test_page_shows_each_fit_with_its_curve_and_timeline():
     titles = [d.text for d in page.root.select({"type": Div}) if "wb-fit-title" in d.text]
     assert titles and "<b>mlp</b> · running · step 2 / 10 · 4.0 steps/s · 256 samples/s · loss 0.5" in titles[0]
     sources = {tuple(sorted(s.data)): s.data for s in page.root.select({"type": ColumnDataSource})}
-    assert sources[("loss", "step")]["loss"] == [1.0, 0.5]
+    panel = page.panels["mlp"]
+    assert panel.loss_source.data["loss"] == [1.0, 0.5] and panel.val_source.data["loss"] == []
     timeline = next(d for k, d in sources.items() if "phase" in k)
     assert timeline["phase"] == ["grad"] and timeline["right"] == [0.5] and timeline["worker"] == ["tcp://a:1"]
     monitor.log_event(TOPIC, {"graph": "cnn", "session": 2, "status": "started", "step": 0, "points": []})
     page.update()
     assert page.order == ["cnn", "mlp"]  # the newest first
+
+
+def test_the_validation_curve_reaches_the_page(forwarded):
+    forwarder, clock, sent = forwarded
+    forwarder(started())
+    for i in range(1, 21):
+        clock.now += 0.01
+        forwarder(step(i))
+        if i % 10 == 0:
+            forwarder(Validated(session="s1", step=i, fetches={"loss": 2.0 / i}, examples=100))
+    forwarder(finished())
+    val = [p for _, msg in sent for p in msg.get("val_points", [])]
+    assert val == [[10, 0.2], [20, 0.1]]  # each validation once, sent when it happens
+    monitor = TrainingMonitor()
+    for _, msg in sent:
+        monitor.log_event(TOPIC, msg)
+    (fit,) = monitor.fits()
+    assert fit["val_points"] == [[10.0, 0.2], [20.0, 0.1]] and len(fit["points"]) == 20
+    page = TrainingPage(FakeScheduler(monitor))
+    page.update()
+    assert page.panels["mlp"].val_source.data == {"step": [10.0, 20.0], "loss": [0.2, 0.1]}
+    assert [item.label["value"] for item in page.panels["mlp"].loss.legend.items] == ["train", "validation"]
 
 
 def test_page_says_when_the_monitor_is_not_loaded():

@@ -164,6 +164,10 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
                        for a, k in [(None, False), (1, False), ((0, 2), True), (-1, True)]],
     "max": lambda r: [Case(lambda x, a=a, k=k: wb.max(x, axis=a, keepdims=k), (distinct(r, 2, 3, 4),))
                       for a, k in [(None, False), (1, False), ((0, 2), False), (-1, True), (None, True)]],
+    "min": lambda r: [Case(lambda x, a=a, k=k: wb.min(x, axis=a, keepdims=k), (distinct(r, 2, 3, 4),))
+                      for a, k in [(None, False), (1, False), ((0, 2), False), (-1, True)]],
+    "prod": lambda r: [Case(lambda x, a=a, k=k: wb.prod(x, axis=a, keepdims=k), (normal(r, 2, 3, 4),))
+                       for a, k in [(None, False), (1, False), ((0, 2), True), (-1, True)]],
     "unreduce": lambda r: [
         Case(lambda g, x: ops.unreduce(g, x, axis=1), (normal(r, 2, 4), normal(r, 2, 3, 4))),
         Case(lambda g, x: ops.unreduce(g, x), (normal(r),  normal(r, 2, 3))),

@@ -287,6 +287,11 @@ KERNEL_CASES: dict[str, list[KCase]] = {
               [K([np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]])], lambda x: np.array([1, 0]), axis=1, keepdims=False),
                K([ints(4, 9, 9, 2, dtype=np.int32)], lambda x: np.int64(1), axis=0, keepdims=False)],
     "max": reduce_cases(np.max, normal(2, 3, 4)) + [K([ints(4, 9, 2)], lambda x: np.int64(9), axis=0, keepdims=False)],
+    # own generators: the shared one's later draws (other ops' cases) stay as they were
+    "min": reduce_cases(np.min, np.random.default_rng(101).standard_normal((2, 3, 4))),
+    "prod": reduce_cases(np.prod, np.random.default_rng(102).standard_normal((2, 3, 4))),
+    "prod_others": [K([np.array([[2.0, 0.0, 3.0], [1.0, 4.0, 5.0]])], lambda x: np.array([[0.0, 6.0, 0.0], [20.0, 5.0, 4.0]]), axis=1),
+                    K([np.array([[2.0, 0.0], [3.0, 4.0]])], lambda x: np.array([[0.0, 24.0], [0.0, 0.0]]), axis=None)],
     "unreduce": [K([normal(2, 4), normal(2, 3, 4)], lambda g, x: np.broadcast_to(g[:, None, :], x.shape),
                    axis=1, keepdims=False, mean=False),
                  K([normal(), normal(2, 3)], lambda g, x: np.full(x.shape, g / 6), axis=None, keepdims=False, mean=True),

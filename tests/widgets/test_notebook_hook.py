@@ -46,6 +46,19 @@ def test_scaling_study_events_show_a_scaling_view(shown):
     assert isinstance(view, ScalingView) and view.state["status"] == "done"
 
 
+def test_the_fits_of_a_scaling_study_show_no_views_of_their_own(shown, linear):
+    from workbench.events import current_study
+
+    marked = current_study.set("study-2")  # what scaling_study does around its runs
+    try:
+        tiny_fit(linear, steps=2)
+    finally:
+        current_study.reset(marked)
+    assert shown == []
+    tiny_fit(linear, steps=2)  # a fit of its own, after the study
+    assert len(shown) == 1 and isinstance(shown[0], TrainingView)
+
+
 def test_install_is_idempotent_and_uninstall_stops_it():
     stream, shown = EventStream(), []
     notebook.install(stream, display=shown.append)

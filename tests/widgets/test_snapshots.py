@@ -3,6 +3,7 @@
 import base64
 import xml.etree.ElementTree as ET
 
+import numpy as np
 import pytest
 
 from workbench.events import EventStream, RunFailed, RunStarted
@@ -55,7 +56,8 @@ def test_graph_view_picture_shows_every_visible_node_and_run_states(mlp):
     root = bundle_svg(view)
     nodes = root.findall(".//svg:g[@data-id]", NS)
     assert len(nodes) == len(view.layout["nodes"]) == 10
-    assert "graph mlp · 10 nodes · folded: SGD, gradients" in texts(root)
+    params = sum(int(np.prod(v.shape)) for v in mlp.trainable_variables)
+    assert f"graph mlp · 10 nodes · {params:,} parameters · 2 scopes folded" in texts(root)
     assert {"x", "w", "matmul", "gradients"} <= {n.get("data-id") for n in nodes}
     view.feed([RunStarted(graph=mlp.token, ops=("x", "w", "matmul")), RunFailed(graph=mlp.token, op="matmul", error="boom")])
     states = {n.get("data-id"): n.get("data-state") for n in bundle_svg(view).findall(".//svg:g[@data-id]", NS)}

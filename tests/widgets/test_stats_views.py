@@ -1,5 +1,7 @@
 """Validation curves in the TrainingView; the GraphView coloured by the model's statistics, linked to it."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,13 @@ def test_step_stats_keep_the_newest_and_every_other_step():
     assert stats.scale("mean") == {"stat": "mean", "lo": 1.0, "hi": 7.0, "log": False, "signed": True}
     stats.add(80, {"a/w/grad_norm": float("inf")})
     assert stats.node_values("grad_norm", 80) == {"a/w": float("inf")} and stats.scale("grad_norm")["hi"] == 7.0
+    layer = StepStats()
+    layer.add(90, {"a/w/grad_norm": 3.0, "a/b/grad_norm": 4.0, "a/relu/std": 0.5, "a/out/std": 2.0})
+    layer.add(100, {"a/w/grad_norm": 3.0, "a/b/grad_norm": float("nan")})
+    assert layer.node_values("grad_norm", 90, collapsed={"a"}) == {"a": 7.0}  # a folded layer: the sum of its norms
+    assert layer.node_values("std", 90, collapsed={"a"}) == {"a": 2.0}  # its largest std
+    assert math.isnan(layer.node_values("grad_norm", 100, collapsed={"a"})["a"])  # a NaN member shows
+    assert layer.scale("grad_norm", collapsed={"a"})["hi"] == 7.0 and layer.scale("grad_norm")["hi"] == 4.0
 
 
 def test_graph_view_colours_nodes_by_statistics_and_follows_the_training_views_clicks():
@@ -74,6 +83,10 @@ def test_graph_view_colours_nodes_by_statistics_and_follows_the_training_views_c
     view.toggle("layer1")  # folded: the scope shows its member of largest magnitude
     members = {k: v for k, v in view.stats.values[9].items() if k.startswith("layer1/") and k.endswith("/mean")}
     assert view.node_stats["layer1"] == max(members.values(), key=abs)
+    view.stat = "grad_norm"  # a folded scope's gradient norms add up; the scale covers that sum
+    norms = {k: v for k, v in view.stats.values[9].items() if k.startswith("layer1/") and k.endswith("/grad_norm")}
+    assert norms and view.node_stats["layer1"] == pytest.approx(sum(norms.values()))
+    assert view.stat_scale["hi"] >= view.node_stats["layer1"]
     view.stat = ""
     assert view.node_stats == {} and view.stat_scale == {}
 

@@ -182,20 +182,26 @@ def test_the_stop_button_ends_a_real_fit_after_the_current_step_and_the_view_say
     history = sess.fit(train, {"x": np.ones((16, 2), "float32")}, batch_size=4, steps=50, fetches={"loss": loss},
                        callback=click)  # fmt: skip
     assert len(history.records) == 4
-    assert view.state["status"] == "interrupted" and view.state["outcome"] == "interrupted at step 4"
-    assert "interrupted at step 4" in view.snapshot() and not view.following
+    assert view.state["status"] == "stopped" and view.state["outcome"] == "stopped at step 4"
+    assert view.state["step"] == 4 and view.__repr__() == "training · 4 / 50 steps · stopped at step 4 · loss " + format(
+        history.records[-1]["loss"], ".3g"
+    )
+    assert "stopped at step 4" in view.snapshot() and not view.following
     assert not view.request_stop()  # the run is over: a late click stops nothing
 
 
 def test_the_final_state_says_done_interrupted_or_failed(clock):
     outcomes = []
     for end in (FitFinished(steps=9), FitInterrupted(step=6, steps=9, reason="interrupted"),
+                FitInterrupted(step=5, steps=9, reason="stopped"),
                 FitFailed(step=3, error="ClusterError: lost the Dask scheduler")):  # fmt: skip
         view = TrainingView(clock=clock)
         view.feed([FitStarted(steps=9, batch_size=2), *steps(3), end])
         outcomes.append(view.state["outcome"])
         assert view.ended
-    assert outcomes == ["done", "interrupted at step 6", "failed: ClusterError: lost the Dask scheduler"]
+    assert outcomes == [
+        "done", "interrupted at step 6", "stopped at step 5", "failed: ClusterError: lost the Dask scheduler"
+    ]  # fmt: skip
 
 
 # -- graph view ---------------------------------------------------------------------------

@@ -135,6 +135,8 @@ class AllReduceEngine:
         events=None,
         reason: str = "",
         lease: float | None = None,
+        stats_labels=(),
+        stats_every: int = 0,
     ):
         missing = set(program.feeds) - set(data)
         if missing:
@@ -160,6 +162,8 @@ class AllReduceEngine:
         self.replicas: int | None = None  # the members of the current generation, once started
         self.workers: int | None = None
         self.reason = reason  # why fit chose this strategy (see workbench.cluster.engines)
+        # fit(stats=k): every k-th step, rank 0 also computes the program's statistic ops and reports them
+        self.stats_labels, self.stats_every = list(stats_labels), int(stats_every) if program.stats else 0
         self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
         self.timeout, self.bucket_bytes = timeout, bucket_bytes
         self.lease = max(300.0, 4 * timeout) if lease is None else float(lease)
@@ -197,6 +201,8 @@ class AllReduceEngine:
             sync_every=options.sync_every,
             events=events,
             reason=options.reason,
+            stats_labels=list(request.stats),
+            stats_every=request.stats_every,
         )
 
     # -- the step-engine interface ----------------------------------------------------------------
@@ -305,10 +311,18 @@ class AllReduceEngine:
         group, futures = self.group, []
         reduction = self.program.loss_reduction
         calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync, reduction)
-        for (key, args), worker in zip(calls, group.addresses):
+        due = bool(self.stats_every) and step % self.stats_every == 0
+        for rank, ((key, args), worker) in enumerate(zip(calls, group.addresses, strict=True)):
             futures.append(
                 self.client.submit(
-                    run_step, *args, key=key, workers=[worker], allow_other_workers=False, priority=-step, pure=False
+                    run_step,
+                    *args,
+                    stats=due and rank == 0,  # one replica reports them (its shard's statistics)
+                    key=key,
+                    workers=[worker],
+                    allow_other_workers=False,
+                    priority=-step,
+                    pure=False,
                 )
             )
         self.flight.append((step, futures))
@@ -421,4 +435,6 @@ class AllReduceEngine:
             "restarts": self.restarts,
             "tasks": len(results),
         }
-        return StepOutcome(step, fetches, metrics)
+        reported = next((r["stats"] for r in results if "stats" in r), None)
+        stats = dict(zip(self.stats_labels, reported, strict=True)) if reported is not None else {}
+        return StepOutcome(step, fetches, metrics, stats=stats)

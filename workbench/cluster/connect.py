@@ -317,11 +317,15 @@ def close_default() -> str | None:
 
 
 def close(client) -> None:
-    """Close a client and, if it started one, its local cluster."""
+    """Close a client and, if it started one, its local cluster (a ``ClusterClosed`` event says so)."""
+    from workbench.events import ROOT, ClusterClosed
+
     cluster = getattr(client, "cluster", None)
+    address = getattr(getattr(client, "scheduler", None), "address", None) or ""
     client.close()
     if cluster is not None:
         cluster.close()
+    ROOT.emit(ClusterClosed, scheduler=address, shut_down=cluster is not None)
 
 
 def _is_client(x) -> bool:

@@ -114,6 +114,12 @@ def make_engine(request: FitRequest, client, options: ClusterOptions, events: Ev
     from workbench.cluster.malloc import ReuseFreedMemory
 
     name, reason = choose_strategy(request, client, options)
+    if request.stats_every and name != "allreduce":
+        why = f" (chosen: {reason})" if reason else ""
+        raise ClusterError(
+            f"fit(stats=...) on a cluster is computed by the all-reduce strategy, not {name!r}{why}; "
+            "use strategy='allreduce', or leave stats out"
+        )
     engine = failures.guard(None, client, request.data)
     with engine.translated():
         failures.check_memory(client, request.data)

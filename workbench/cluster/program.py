@@ -102,6 +102,7 @@ class TrainingProgram:
     loss_reduction: str = "mean"
     fetch_reductions: tuple = ()
     check_numerics: bool = False
+    stats: tuple = ()  # the statistic ops (workbench.watch) the replica graph also computes, when asked
 
     def gradient_weight(self, share: float) -> float:
         """What a replica's gradients are multiplied by, for a shard with ``share`` of the global batch's rows."""
@@ -119,6 +120,7 @@ class TrainingProgram:
             device_options=request.device.options,
             fed=list(request.data),
             check_numerics=request.check_numerics,
+            stats=tuple(request.stats.values()) if request.stats_every else (),
         )
 
     @classmethod
@@ -132,6 +134,7 @@ class TrainingProgram:
         device_options: dict | None = None,
         fed=None,
         check_numerics: bool = False,
+        stats=(),
     ) -> TrainingProgram:
         """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded.
 
@@ -153,15 +156,20 @@ class TrainingProgram:
         fetches = tuple(fetches)
         if fed is None:
             fed = [p.name for p in graph.placeholders if p.op.attrs.get("default") is None]
-        replica = optimize(graph, list(gradients) + list(fetches), fed=list(fed))
+        stats = tuple(stats)
+        replica = optimize(graph, list(gradients) + list(fetches) + list(stats), fed=list(fed))
         update = optimize(graph, [train_name], fed=gradients)
         fed_to_update = {op.name for op in update.operations if op.type == "placeholder"} - set(gradient_ops)
         if fed_to_update:
             raise ClusterError(
                 f"the update of {train_name!r} depends on placeholders {sorted(fed_to_update)}; "
                 "only the gradients may depend on the data"
-                + (" (batch norm's moving statistics are updated from each batch: training them on a cluster "
-                   "needs the batch moments all-reduced, which this strategy does not do)" if graph.updates else "")
+                + (
+                    " (batch norm's moving statistics are updated from each batch: training them on a cluster "
+                    "needs the batch moments all-reduced, which this strategy does not do)"
+                    if graph.updates
+                    else ""
+                )
             )
         feeds = tuple(op.name for op in replica.operations if op.type == "placeholder")
         loss_kind, reductions = split_rule(graph, record, fetches, feeds)
@@ -169,7 +177,7 @@ class TrainingProgram:
         state_vars = tuple(sorted({op.name for op in update.operations if op.type == "variable"} | set(replica_vars)))
         device, options = worker_device(device, device_options or {})
         texts = [replica.to_json(), update.to_json()]
-        parts = [*texts, train_name, *feeds, *gradients, *fetches, str(seed), device, repr(options)]
+        parts = [*texts, train_name, *feeds, *gradients, *fetches, *stats, str(seed), device, repr(options)]
         digest = hashlib.sha1("\0".join(parts).encode()).hexdigest()[:16]
         return cls(
             *texts,
@@ -189,6 +197,7 @@ class TrainingProgram:
             loss_reduction=loss_kind,
             fetch_reductions=reductions,
             check_numerics=bool(check_numerics),
+            stats=stats,
         )
 
 

@@ -112,6 +112,19 @@ class Replica:
         self.forward = compile_plan(
             replica, [*program.gradients, *program.fetches], program.feeds, device, state=self.forward_state, **shipped
         )
+        # on the steps that report the model's statistics (fit(stats=k)): the same step, plus those ops
+        self.forward_stats = (
+            compile_plan(
+                replica,
+                [*program.gradients, *program.fetches, *program.stats],
+                program.feeds,
+                device,
+                state=self.forward_state,
+                **shipped,
+            )
+            if program.stats
+            else None
+        )
         # the optimizer writes into this replica's variables (own_state): no fresh arrays per step
         self.update = compile_plan(
             Graph.from_json(program.update_json),
@@ -126,6 +139,8 @@ class Replica:
         self.feed_order = [program.feeds.index(name) for name in self.forward.feed_names]
         self._layout([str(replica.get(g).dtype) for g in program.gradients], bucket_bytes)
         self.forward.watch(range(n), self._produced)
+        if self.forward_stats is not None:
+            self.forward_stats.watch(range(n), self._produced)
 
     def _layout(self, dtypes: list[str], bucket_bytes: int) -> None:
         """Buckets in the order the backward pass makes the gradients, and each gradient's view into its bucket."""
@@ -166,12 +181,14 @@ class Replica:
         scale: float | None,
         fetch_weight: float,
         sync: bool,
+        stats: bool = False,
     ) -> dict:
         """Step ``step`` on the examples ``rows`` (this replica's shard); see the module's docstring.
 
         ``offset``: where the shard starts in the global batch; ``weight``: what each gradient is
         multiplied by on its way into its bucket; ``scale``: what the sum is multiplied by;
-        ``fetch_weight``: the shard's share of the batch (its fetches are weighted by it).
+        ``fetch_weight``: the shard's share of the batch (its fetches are weighted by it); ``stats``:
+        also compute the program's statistic ops and return them (``"stats"``: this replica's values).
         """
         self.used, self._running = time.monotonic(), True
         try:
@@ -180,7 +197,7 @@ class Replica:
             self._running = False
             raise
         try:
-            return self._run(step, rows, offset, weight, scale, fetch_weight, sync)
+            return self._run(step, rows, offset, weight, scale, fetch_weight, sync, stats)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
@@ -200,7 +217,7 @@ class Replica:
         if not ready or self.step != step - 1:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
 
-    def _run(self, step, rows, offset, weight, scale, fetch_weight, sync) -> dict:
+    def _run(self, step, rows, offset, weight, scale, fetch_weight, sync, stats=False) -> dict:
         for handle in self._settling:  # the buckets are ours to write again once peers have read them
             handle.wait(self.group.timeout)
         started = time.perf_counter()
@@ -219,12 +236,16 @@ class Replica:
         feeds = [take_rows(self.data[k], rows) for k in self.feed_order]
         # random ops (dropout) draw per step, and per row of the global batch, however it is split
         checked = program.check_numerics
-        values = self.forward.run(feeds, checked, step=step - 1, row_offset=offset)
+        stats = stats and self.forward_stats is not None
+        plan = self.forward_stats if stats else self.forward
+        values = plan.run(feeds, checked, step=step - 1, row_offset=offset)
         for i in range(n):  # gradients no plan step made (constants) go in now
             self._produced(i, values[i])
         # copies before the update changes variables; a mean weighted by the shard's share, the rest as they are
-        reductions = program.fetch_reductions or (Reduction("mean"),) * (len(values) - n)
-        fetches = [weighted(r, np.array(v, copy=True), fetch_weight) for v, r in zip(values[n:], reductions)]
+        m = n + len(program.fetches)
+        reductions = program.fetch_reductions or (Reduction("mean"),) * (m - n)
+        fetches = [weighted(r, np.array(v, copy=True), fetch_weight) for v, r in zip(values[n:m], reductions)]
+        reported = [float(np.asarray(v)) for v in values[m:]] if stats else None
         computed = time.perf_counter()
         if not all(handle.done() for handle in self._handles):
             self._before_waiting()
@@ -247,6 +268,8 @@ class Replica:
         }
         if sync and self.comm.rank == 0:
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
+        if reported is not None:
+            result["stats"] = reported
         return result
 
     def _before_waiting(self) -> None:
@@ -332,12 +355,14 @@ def run_step(
     fetch_weight: float,
     sync: bool,
     _started,
+    stats: bool = False,
 ) -> dict:
-    """One replica's step ``step`` (``_started``: the replica's start task, a dependency for the order)."""
+    """One replica's step ``step`` (``_started``: the replica's start task, a dependency for the order;
+    ``stats``: also report the model's statistics, see :meth:`Replica.run`)."""
     replica = _REPLICAS.get(token)
     if replica is None:
         raise CollectiveError(f"no replica of run {token!r} on this worker (restarted?)")
-    return replica.run(step, rows, offset, weight, scale, fetch_weight, sync)
+    return replica.run(step, rows, offset, weight, scale, fetch_weight, sync, stats)
 
 
 def stop_replicas(token: str) -> None:

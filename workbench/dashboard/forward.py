@@ -31,7 +31,7 @@ import math
 import time
 from typing import Any, Callable
 
-from workbench.events import ROOT, EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step
+from workbench.events import ROOT, EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step, Validated
 
 TOPIC = "workbench-training"  # the scheduler event topic of the summaries
 
@@ -57,6 +57,9 @@ def training_update(event) -> dict[str, Any] | None:
         numbers = {"time": event.time, "samples_per_s": event.samples_per_s, **event.fetches}
         values = {k: float(v) for k, v in numbers.items() if _is_number(v)}
         return {"status": "running", "session": event.session, "step": int(event.step), "values": values}
+    if isinstance(event, Validated):
+        values = {k: float(v) for k, v in event.fetches.items() if _is_number(v)}
+        return {"status": "validated", "session": event.session, "step": int(event.step), "values": values}
     if isinstance(event, (FitFinished, FitInterrupted, FitFailed)):
         return {"status": "done", "session": event.session}
     return None
@@ -83,6 +86,7 @@ class _Fit:
         self.sent_time = now
         self.loss: float | None = None
         self.points: list[list[float]] = []
+        self.val_points: list[list[float]] = []  # the loss on held-out data (fit(validation=...)), not yet sent
 
     def add(self, update: dict) -> None:
         self.step = update["step"]
@@ -90,6 +94,11 @@ class _Fit:
         if loss is not None and math.isfinite(loss):
             self.loss = loss
             self.points.append([self.step, loss])
+
+    def add_validation(self, update: dict) -> None:
+        loss = update["values"].get(self.loss_name) if self.loss_name else None
+        if loss is not None and math.isfinite(loss):
+            self.val_points.append([update["step"], loss])
 
     def summary(self, status: str, now: float) -> dict[str, Any]:
         elapsed = now - self.sent_time
@@ -104,10 +113,11 @@ class _Fit:
             "loss_name": self.loss_name,
             "loss": self.loss,
             "points": self.points,
+            "val_points": self.val_points,
         }
         if self.step > self.sent_step:
             msg.update(steps_per_s=steps_per_s, samples_per_s=steps_per_s * self.batch_size)
-        self.points, self.sent_step, self.sent_time = [], self.step, now
+        self.points, self.val_points, self.sent_step, self.sent_time = [], [], self.step, now
         return msg
 
 
@@ -145,6 +155,10 @@ class Forwarder:
         if update["status"] == "done":
             self.fits.pop(update["session"], None)
             self._send(fit, "done", now)
+            return
+        if update["status"] == "validated":
+            fit.add_validation(update)  # rare (every k steps): sent at once
+            self._send(fit, "running", now)
             return
         fit.add(update)
         if now - fit.sent_time >= self.interval:

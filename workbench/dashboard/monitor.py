@@ -54,7 +54,9 @@ class TrainingMonitor(SchedulerPlugin):
             return
         fit = self._fit(msg["graph"])
         if msg.get("status") == "started":  # a new fit of that graph
-            fit.update(points=[], stride=1, seen=0, tasks=deque(), started=self.clock(), step=0, loss=None)
+            fit.update(
+                points=[], stride=1, seen=0, tasks=deque(), started=self.clock(), step=0, loss=None, val_points=[]
+            )
         fit.update(
             {
                 k: msg[k]
@@ -75,6 +77,10 @@ class TrainingMonitor(SchedulerPlugin):
         fit["updated"] = self.clock()
         for point in msg.get("points") or []:
             self._add_point(fit, point)
+        for point in msg.get("val_points") or []:  # validation: every k steps, kept whole (bounded like points)
+            fit.setdefault("val_points", []).append([float(point[0]), float(point[1])])
+            if len(fit["val_points"]) > MAX_POINTS:
+                fit["val_points"] = fit["val_points"][::2]
 
     @staticmethod
     def _add_point(fit: dict, point) -> None:
@@ -127,10 +133,18 @@ class TrainingMonitor(SchedulerPlugin):
 
     def fits(self) -> list[dict[str, Any]]:
         """Each fit's latest summary (``graph``, ``status``, ``step``, ``steps``, ``steps_per_s``,
-        ``samples_per_s``, ``loss``, ``points``) and ``tasks``: phase, step, worker, start, stop."""
+        ``samples_per_s``, ``loss``, ``points``, ``val_points``: the loss on held-out data) and
+        ``tasks``: phase, step, worker, start, stop."""
         out = []
         for fit in sorted(self._fits.values(), key=lambda f: -f["updated"]):
-            out.append({**fit, "points": list(fit["points"]), "tasks": sorted(fit["tasks"], key=lambda t: t["start"])})
+            out.append(
+                {
+                    **fit,
+                    "points": list(fit["points"]),
+                    "val_points": list(fit.get("val_points") or []),
+                    "tasks": sorted(fit["tasks"], key=lambda t: t["start"]),
+                }
+            )
         return out
 
 

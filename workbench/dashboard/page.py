@@ -56,7 +56,12 @@ class FitPanel:
         self.title = Div(text="", sizing_mode="stretch_width")
         self.loss_source = ColumnDataSource({"step": [], "loss": []})
         self.loss = figure(title="loss", height=260, width=420, x_axis_label="step", tools="pan,wheel_zoom,reset")
-        self.loss.line("step", "loss", source=self.loss_source, line_width=2, color="#1f77b4")
+        self.loss.line("step", "loss", source=self.loss_source, line_width=2, color="#1f77b4", legend_label="train")
+        self.val_source = ColumnDataSource({"step": [], "loss": []})  # fit(validation=...): held-out data
+        self.loss.line("step", "loss", source=self.val_source, line_width=2, color="#ff7f0e", line_dash="dashed",
+                       legend_label="validation")  # fmt: skip
+        self.loss.scatter("step", "loss", source=self.val_source, size=5, color="#ff7f0e")
+        self.loss.legend.location = "top_right"
         self.tasks = ColumnDataSource({k: [] for k in ("worker", "left", "right", "phase", "step", "color", "ms")})
         self.timeline = figure(
             title="phases of the last steps, per worker",
@@ -79,6 +84,8 @@ class FitPanel:
         points = fit.get("points") or []
         self.loss.title.text = str(fit.get("loss_name") or "loss")
         self.loss_source.data = {"step": [p[0] for p in points], "loss": [p[1] for p in points]}
+        val = fit.get("val_points") or []
+        self.val_source.data = {"step": [p[0] for p in val], "loss": [p[1] for p in val]}
         tasks = fit.get("tasks") or []
         origin = min((t["start"] for t in tasks), default=0.0)
         workers = sorted({t["worker"] for t in tasks})

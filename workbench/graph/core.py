@@ -21,6 +21,7 @@ import numpy as np
 from workbench import ops
 from workbench.errors import DTypeError, GraphError, ShapeError
 from workbench.graph import precision
+from workbench.graph.default_session import running_session
 from workbench.graph.records import Source, TrainingRecord
 from workbench.graph.serialize import graph_from_json, graph_to_json
 from workbench.ops import registry, rules
@@ -79,11 +80,24 @@ class Tensor:
         shape = "unknown" if self.shape is None else rules.fmt(self.shape)
         return f"<Tensor {self.name!r} shape={shape} dtype={self.dtype}>"
 
+    def eval(self, feed_dict=None, session=None):
+        """This tensor's value, computed by ``session`` or the default session
+        (``with sess.as_default():``, ``with wb.Session(g) as sess:``, an ``InteractiveSession``)."""
+        return running_session(session, f"tensor {self.name!r}.eval()").run(self, feed_dict=feed_dict)
+
     def __bool__(self) -> bool:
-        raise GraphError(f"the truth value of tensor {self.name!r} is not known until the graph runs")
+        raise GraphError(
+            f"the truth value of tensor {self.name!r} is not known until the graph runs "
+            "(Python's max(a, b) and min(a, b) compare their arguments: write wb.maximum(a, b) or wb.minimum(a, b); "
+            "for a choice, wb.where(condition, a, b))"
+        )
 
     def __iter__(self):
-        raise GraphError(f"tensor {self.name!r} cannot be iterated over; index it instead")
+        raise GraphError(
+            f"tensor {self.name!r} cannot be iterated over; index it instead. Python's sum, max, min, all and any "
+            f"iterate over their argument: for a reduction write reduce_sum({_short_name(self)}, axis=...) "
+            "(reduce_max, reduce_min, reduce_all, reduce_any), or wb.sum, wb.max, wb.min, wb.all"
+        )
 
     def __len__(self) -> int:
         if self.shape is None or not self.shape or self.shape[0] is None:
@@ -115,10 +129,30 @@ class Tensor:
     __ge__ = lambda a, b: ops.greater_equal(a, b)  # noqa: E731
 
 
+def _short_name(t: Tensor) -> str:
+    return t.name.rsplit("/", 1)[-1].partition(":")[0]
+
+
 class Variable(Tensor):
-    """A tensor whose value a session keeps between runs; created by :func:`wb.variable`."""
+    """A tensor whose value a session keeps between runs.
+
+    ``wb.Variable(initial_value, name=None, trainable=True, dtype=None)`` creates one
+    in the default graph, as TensorFlow 1.x does: ``initial_value`` is a number, an
+    array or a constant tensor (``wb.constant``, ``workbench.tf1.zeros`` ...), and
+    the name defaults to ``"Variable"`` (``"Variable_1"`` ... when taken). See also
+    :func:`wb.variable`, which takes a name and an initializer.
+    """
 
     __slots__ = ()
+
+    def __new__(cls, *args, **kwargs):
+        if args and isinstance(args[0], Operation):  # the graph builder's (op, index, spec)
+            return super().__new__(cls)
+        return _new_variable(*args, **kwargs)
+
+    def __init__(self, *args, **kwargs):
+        if args and isinstance(args[0], Operation):
+            super().__init__(*args)
 
     @property
     def trainable(self) -> bool:
@@ -152,6 +186,10 @@ class Operation:
 
     def __repr__(self) -> str:
         return f"<Operation {self.name!r} type={self.type}>"
+
+    def run(self, feed_dict=None, session=None) -> None:
+        """Run this operation in ``session`` or the default session (see :meth:`Tensor.eval`)."""
+        running_session(session, f"operation {self.name!r}.run()").run(self, feed_dict=feed_dict)
 
 
 class Graph:
@@ -279,6 +317,11 @@ class Graph:
                 raise GraphError(
                     f"{op_type} {scoped!r}: input {t.name!r} belongs to graph {t.graph.name!r}, not {self.name!r}"
                 )
+            if self._by_name.get(t.op.name) is not t.op:
+                raise GraphError(
+                    f"{op_type} {scoped!r}: input {t.name!r} was the initial value of a Variable and is no longer "
+                    "in the graph; create the constant again"
+                )
         try:
             specs = opdef.infer(*(t.spec for t in inputs), **attrs)
             specs = (specs,) if isinstance(specs, TensorSpec) else tuple(specs)
@@ -295,6 +338,16 @@ class Graph:
         self._by_name[scoped] = op
         self.version += 1
         return op
+
+    def discard(self, op: Operation) -> bool:
+        """Remove ``op`` if it is the newest operation and a constant (nothing can use it yet);
+        returns whether it did. ``wb.Variable(wb.constant(...))`` keeps only the variable."""
+        if not self.operations or self.operations[-1] is not op or op.type != "constant":
+            return False
+        self.operations.pop()
+        del self._by_name[op.name]
+        self.version += 1
+        return True
 
     # -- lookup ---------------------------------------------------------------------
     def get(self, name: str) -> Tensor | Operation:
@@ -336,6 +389,17 @@ class Graph:
 
     def __len__(self) -> int:
         return len(self.operations)
+
+    def summary(self, print_fn=print) -> str | None:
+        """Print (with ``print_fn``; None: return it) a table of parameters per top-level name scope and
+        in total: trained parameters, and the other values variables hold (optimizer slots, counters)."""
+        from workbench.graph.summary import summary_text
+
+        text = summary_text(self)
+        if print_fn is None:
+            return text
+        print_fn(text)
+        return None
 
     def __repr__(self) -> str:
         return f"<Graph {self.name!r} with {len(self.operations)} operations>"
@@ -480,3 +544,31 @@ def group(*inputs, name: str | None = None) -> Operation:
 def name_scope(name: str):
     """``with wb.name_scope("layer1"):`` prefixes op names in the default graph."""
     return get_default_graph().name_scope(name)
+
+
+def _new_variable(initial_value=None, trainable=True, name=None, dtype=None, **unsupported):
+    """``wb.Variable(initial_value, ...)``: a variable initialized from a number, an array or a
+    constant tensor (whose constant op is dropped when nothing else used it)."""
+    if unsupported:
+        raise GraphError(f"Variable() does not take {', '.join(sorted(unsupported))}")
+    if initial_value is None:
+        raise GraphError("Variable() needs an initial value (a number, an array or a constant tensor)")
+    graph = initial_value.graph if isinstance(initial_value, Tensor) else get_default_graph()
+    value = initial_value
+    if isinstance(initial_value, Tensor):
+        if initial_value.op.type != "constant":
+            raise GraphError(
+                f"Variable(): the initial value {initial_value.name!r} is a {initial_value.op.type} op, not a "
+                "constant; give an array, a number or a constant tensor (workbench.tf1.truncated_normal is one)"
+            )
+        value = initial_value.op.attrs["value"]
+        graph.discard(initial_value.op)
+    array = ops.state.constant_array(value, dtype)
+    base = name if name is not None else _free_name(graph, "Variable")
+    return ops.variable(base, init=array, dtype=array.dtype.name, trainable=trainable)
+
+
+def _free_name(graph: Graph, base: str) -> str:
+    """``base`` or ``base_1`` ...: the first name not taken inside the open name scopes."""
+    taken = graph.unique_name(base)
+    return taken.rsplit("/", 1)[-1]

@@ -65,10 +65,19 @@ from workbench.ops.nn import (
     softmax,
     softmax_cross_entropy,
 )
+from workbench.ops.reductions import min, prod
 from workbench.ops.registry import REGISTRY, OpDef, TensorSpec, apply, get_op
 from workbench.ops import fused as _fused  # noqa: E402, F401 - registers fused_elementwise
 from workbench.ops import fused_train as _fused_train  # noqa: E402, F401 - registers fused_update, softmax_cross_entropy_with_grad
-from workbench.ops.state import assign, assign_add, assign_sub, constant, placeholder, variable
+from workbench.ops.state import (
+    assign,
+    assign_add,
+    assign_sub,
+    constant,
+    placeholder,
+    variable,
+    variables_initializer,
+)
 from workbench.ops.attention import scaled_dot_product_attention
 from workbench.ops.indexing import cumsum, pad, scatter_add, top_k
 from workbench.ops.norm import layer_norm, moments
@@ -110,6 +119,7 @@ PUBLIC = (
     "max_pool2d",
     "maximum",
     "mean",
+    "min",
     "minimum",
     "multiply",
     "negative",
@@ -118,6 +128,7 @@ PUBLIC = (
     "ones_like",
     "placeholder",
     "pow",
+    "prod",
     "relu",
     "reshape",
     "sigmoid",
@@ -132,6 +143,7 @@ PUBLIC = (
     "tanh",
     "transpose",
     "variable",
+    "variables_initializer",
     "where",
     "zeros_like",
 )

@@ -116,16 +116,29 @@ defop(
 # -- convolution and pooling (NCHW) ---------------------------------------------------
 
 
-def _pair(v) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    a, b = v
-    return (int(a), int(b))
+def _pair(v, what: str = "stride") -> tuple[int, int]:
+    """An int or (height, width) pair; TensorFlow's 4-element lists are refused with a pointer."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return (int(v), int(v))
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(d, (int, np.integer)) for d in v):
+        return (int(v[0]), int(v[1]))
+    hint = ""
+    if isinstance(v, (list, tuple)) and len(v) == 4:
+        hint = (
+            f"; {list(v)} is TensorFlow's per-axis form: here give ({v[1]}, {v[2]}) for NHWC, or use "
+            "workbench.tf1.nn (conv2d, max_pool, avg_pool), which takes it with data_format='NHWC'"
+        )
+    raise ShapeError(f"{what} is an int or a pair (height, width), got {v!r}{hint}")
+
+
+def _padding(padding):
+    """``padding`` in lower case: ``'SAME'`` as TensorFlow writes it is ``"same"`` (the shape rule checks it)."""
+    return padding.lower() if isinstance(padding, str) else padding
 
 
 def _check_padding(padding: str) -> str:
     if padding not in ("same", "valid"):
-        raise ShapeError(f'padding must be "same" or "valid", got {padding!r}')
+        raise ShapeError(f'padding must be "same" or "valid" (in any case), got {padding!r}')
     return padding
 
 
@@ -135,7 +148,7 @@ def conv2d(x, w, stride=1, padding="valid", name=None):
     ``padding="same"`` pads so that the output has ``ceil(H / stride)`` rows,
     the extra row going at the bottom, as in TensorFlow.
     """
-    return apply("conv2d", x, w, stride=_pair(stride), padding=padding, name=name)
+    return apply("conv2d", x, w, stride=_pair(stride), padding=_padding(padding), name=name)
 
 
 _out_size = im2col.out_size  # (pad_before, pad_after, output size) of one spatial axis
@@ -150,7 +163,9 @@ def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
             f"needs x of shape (N, C, H, W) and w of shape (O, C, kh, kw), got {rules.fmt(x.shape)} and {rules.fmt(w.shape)}"
         )
     if not rules.dims_match(x.shape[1], w.shape[1]):
-        raise ShapeError(f"x has {x.shape[1]} channels but w {rules.fmt(w.shape)} expects {w.shape[1]}")
+        raise ShapeError(
+            f"x has {x.shape[1]} channels but w {rules.fmt(w.shape)} expects {w.shape[1]}{_layout_hint(x, w)}"
+        )
     if min(stride) < 1:
         raise ShapeError(f"stride must be positive, got {stride}")
     outs = []
@@ -160,6 +175,23 @@ def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
             raise ShapeError(f"kernel {rules.fmt(w.shape[2:])} is larger than the input {rules.fmt(x.shape[2:])}")
         outs.append(out)
     return TensorSpec((x.shape[0], w.shape[0], *outs), dtype)
+
+
+def _layout_hint(x: TensorSpec, w: TensorSpec) -> str:
+    """Why NCHW shapes do not fit, when they would fit TensorFlow's NHWC data or HWIO filters."""
+    xs, ws = x.shape, w.shape
+    if xs[3] is not None and xs[3] == ws[2]:
+        found = "x as (N, H, W, C) and w as (kh, kw, in, out)"
+    elif xs[3] is not None and xs[3] == ws[1]:
+        found = "x as (N, H, W, C)"
+    elif xs[1] is not None and xs[1] == ws[2] and ws[2] != ws[3]:
+        found = "w as (kh, kw, in, out)"
+    else:
+        return ""
+    return (
+        f"; conv2d takes x as (N, C, H, W) and w as (out, in, kh, kw), and these shapes fit TensorFlow's "
+        f"layout ({found}): transpose them, or use workbench.tf1.nn.conv2d(x, w, strides, padding, data_format='NHWC')"
+    )
 
 
 def _padded(xp, x, pads, fill=0.0):
@@ -248,12 +280,12 @@ def _conv_filter_grad_kernel(xp, x, g, w, *, stride, padding):
 
 def conv2d_input_grad(g, x, w, stride=1, padding="valid", name=None):
     """Gradient of :func:`conv2d` with respect to ``x`` (``x`` gives only the shape)."""
-    return apply("conv2d_input_grad", g, x, w, stride=_pair(stride), padding=padding, name=name)
+    return apply("conv2d_input_grad", g, x, w, stride=_pair(stride), padding=_padding(padding), name=name)
 
 
 def conv2d_filter_grad(x, g, w, stride=1, padding="valid", name=None):
     """Gradient of :func:`conv2d` with respect to ``w`` (``w`` gives only the shape)."""
-    return apply("conv2d_filter_grad", x, g, w, stride=_pair(stride), padding=padding, name=name)
+    return apply("conv2d_filter_grad", x, g, w, stride=_pair(stride), padding=_padding(padding), name=name)
 
 
 def _conv_grad(op, g):
@@ -288,9 +320,9 @@ defop(
 
 def max_pool2d(x, size, stride=None, padding="valid", name=None):
     """Max pooling of ``x`` (N, C, H, W) over ``size`` windows; ``stride`` defaults to ``size``."""
-    size = _pair(size)
+    size = _pair(size, "size")
     stride = size if stride is None else _pair(stride)
-    return apply("max_pool2d", x, size=size, stride=stride, padding=padding, name=name)
+    return apply("max_pool2d", x, size=size, stride=stride, padding=_padding(padding), name=name)
 
 
 def _pool_spec(x: TensorSpec, *, size, stride, padding) -> TensorSpec:

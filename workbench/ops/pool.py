@@ -7,7 +7,7 @@ as ``tf.nn.avg_pool2d``: the padding never counts.
 
 from __future__ import annotations
 
-from workbench.ops.nn import _geometry, _padded, _pair, _pool_spec, _unwindow
+from workbench.ops.nn import _geometry, _padded, _padding, _pair, _pool_spec, _unwindow
 from workbench.ops.registry import TensorSpec, apply, defop
 
 
@@ -21,9 +21,9 @@ def avg_pool2d(x, size, stride=None, padding="valid", name=None):
     >>> wb.Session(g).run(y)[0, 0].tolist()
     [[2.0, 3.5], [6.5, 8.0]]
     """
-    size = _pair(size)
+    size = _pair(size, "size")
     stride = size if stride is None else _pair(stride)
-    return apply("avg_pool2d", x, size=size, stride=stride, padding=padding, name=name)
+    return apply("avg_pool2d", x, size=size, stride=stride, padding=_padding(padding), name=name)
 
 
 def _counts(xp, shape, size, stride, padding, dtype):

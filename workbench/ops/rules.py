@@ -80,7 +80,10 @@ def dims_match(a, b) -> bool:
     return a is None or b is None or a == b
 
 
-def num_elements(shape: Sequence) -> int | None:
+def num_elements(shape: Sequence | None) -> int | None:
+    """The number of elements, or None when a size (or the rank: ``shape=None``) is unknown."""
+    if shape is None:
+        return None
     n = 1
     for d in shape:
         if d is None:

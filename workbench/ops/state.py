@@ -6,9 +6,9 @@ import zlib
 
 import numpy as np
 
-from workbench.errors import DTypeError, ShapeError
+from workbench.errors import ArgumentError, DTypeError, ShapeError
 from workbench.ops import rules
-from workbench.ops.registry import TensorSpec, apply, as_dtype, defop, is_float
+from workbench.ops.registry import DTYPES, TensorSpec, apply, as_dtype, defop, is_float
 
 _INPUT = "a graph input: it has no inputs to differentiate"
 
@@ -21,7 +21,15 @@ def placeholder(name, shape=None, dtype="float32", default=None):
     feed it uses the default (e.g. ``placeholder("training", (), "bool",
     default=False)``, fed ``True`` by ``fit(feed_dict={"training": True})``).
     The default is part of the graph and saved with it.
+    The name comes first (TensorFlow 1.x's ``placeholder(dtype, shape, name)`` is
+    :func:`workbench.tf1.placeholder`).
     """
+    if isinstance(name, (type, np.dtype)) or (isinstance(name, str) and name in DTYPES):
+        raise ArgumentError(
+            f"placeholder({name!r}, ...): the first argument is the placeholder's name; write "
+            f"placeholder('x', shape=..., dtype='float32'), or use workbench.tf1.placeholder(dtype, shape, name) "
+            "for TensorFlow 1.x's argument order"
+        )
     shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
     dtype = as_dtype(dtype)
     if default is None:
@@ -230,3 +238,22 @@ defop(
     inplace=_subtract_into,
 )
 defop("no_op", infer=lambda: (), kernel=None, nondiff="does nothing", num_outputs=0)
+
+
+def variables_initializer(variables, name="init"):
+    """An operation that, when a session runs it, sets ``variables`` to their initial values.
+
+    Sessions initialize variables by themselves on first use; running this resets them
+    (TensorFlow 1.x's ``sess.run(tf.global_variables_initializer())``).
+    """
+    names = tuple(v if isinstance(v, str) else v.name for v in variables)
+    return apply("initialize_variables", variables=names, name=name)
+
+
+defop(
+    "initialize_variables",
+    infer=lambda *, variables: (),
+    kernel=None,  # the session sets the variables; in a plan it does nothing
+    nondiff="sets variables to their initial values",
+    num_outputs=0,
+)

@@ -75,10 +75,30 @@ class Snapshot:
 
         if self._repr_mimebundle_ is None:  # a closed widget shows nothing (as ipywidgets does)
             return
-        if in_kernel() and self._display_id is None:
+        if not in_kernel():
+            data, metadata = self._repr_mimebundle_()
+            display(data, metadata=metadata, raw=True)
+            return
+        # In a kernel: the widget, then its picture as an output of its own. JupyterLab renders a widget
+        # output with the widget manager whatever else the bundle holds, and a reopened notebook's widgets
+        # have no model ("model not found"): the picture's own output is what it shows then (its style hides
+        # that error), while a live view hides the picture (views.css).
+        if self._display_id is None:
             self._display_id = uuid.uuid4().hex
         data, metadata = self._repr_mimebundle_()
-        display(data, metadata=metadata, raw=True, display_id=self._display_id)
+        widget = {k: v for k, v in data.items() if k != SVG_MIME}
+        display(widget, metadata=metadata, raw=True)
+        display(self._picture_bundle(), raw=True, display_id=self._display_id)
+
+    def _picture_bundle(self) -> dict:
+        """The output that carries the picture: an image, a caption, and the style that shows it in place
+        of a widget that cannot be rendered."""
+        self._shown_svg = self.snapshot()
+        return {
+            "text/html": picture_html(self._shown_svg, repr(self)),
+            SVG_MIME: self._shown_svg,
+            "text/plain": repr(self),
+        }
 
     def refresh_snapshot(self) -> bool:
         """Replace the picture in the displayed outputs with the current one; True if it changed."""
@@ -86,9 +106,31 @@ class Snapshot:
             return False
         from IPython.display import update_display
 
-        data, metadata = self._repr_mimebundle_()
-        update_display(data, metadata=metadata, raw=True, display_id=self._display_id)
+        update_display(self._picture_bundle(), raw=True, display_id=self._display_id)
         return True
+
+
+#: In a notebook whose widgets have no model (reopened, kernel restarted): hide the output before the picture
+#: (the widget manager's "model not found") unless it holds a live view; a live view hides the picture instead.
+_PICTURE_STYLE = (
+    ".jp-OutputArea-child:has(+ .jp-OutputArea-child .wb-saved-picture):not(:has(.wb-view, .wb-playground))"
+    " { display: none; }"
+    ".jp-OutputArea-child:has(.wb-view, .wb-playground) + .jp-OutputArea-child:has(.wb-saved-picture) { display: none; }"
+)
+
+
+def picture_html(svg: str, summary: str) -> str:
+    """The saved picture as HTML: the SVG as an image, and how to get the live view back."""
+    import base64
+    import html
+
+    data = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return (
+        f'<div class="wb-saved-picture"><style>{_PICTURE_STYLE}</style>'
+        f'<img src="data:image/svg+xml;base64,{data}" alt="{html.escape(summary)}">'
+        '<div style="color:#57606a;font-size:12px">the saved picture of this view: run the cell again for the live view</div>'
+        "</div>"
+    )
 
 
 class View(Snapshot, anywidget.AnyWidget):

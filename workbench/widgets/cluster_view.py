@@ -9,6 +9,7 @@ import traitlets
 import anywidget
 
 from workbench.widgets import snapshots
+from workbench.events import ROOT, ClusterClosed
 from workbench.widgets._base import Snapshot, front_end
 
 
@@ -33,6 +34,40 @@ class ClusterView(Snapshot, anywidget.AnyWidget):
 
     def __init__(self, info: dict[str, Any] | None = None, message: str = "", **kwargs: Any) -> None:
         super().__init__(info=info, message=message, **kwargs)
+        self._unsubscribe = ROOT.subscribe(self._on_event) if info and info.get("scheduler") else None
+
+    def _on_event(self, event) -> None:
+        if isinstance(event, ClusterClosed) and self.info and event.scheduler == self.info.get("scheduler"):
+            self.mark_closed(shut_down=event.shut_down)
+
+    def mark_closed(self, shut_down: bool = True) -> None:
+        """Show the cluster as closed (or only disconnected from): no workers, no dashboard link, the picture too."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        state = "closed" if shut_down else "disconnected"
+        self.info = {"scheduler": (self.info or {}).get("scheduler", ""), "workers": [], "closed": state}
+        self.message = (
+            "closed: this notebook's sessions no longer use it"
+            if shut_down
+            else "disconnected: the cluster keeps running for its other users; this notebook's sessions no longer use it"
+        )
+        self.refresh_snapshot()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self.info and self.info.get("closed"))
+
+    def _closed_word(self) -> str:
+        state = self.info.get("closed")
+        return state if isinstance(state, str) else "closed"
+
+    def __repr__(self) -> str:
+        if not self.info:
+            return f"cluster · {self.message or 'no default cluster'}"
+        if self.closed:
+            return f"cluster {self.info.get('scheduler', '')} · {self._closed_word()}"
+        return f"cluster {self.info.get('scheduler', '')} · {len(self.info.get('workers') or [])} workers"
 
     def snapshot_state(self):
         return self.info, self.message

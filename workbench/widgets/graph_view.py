@@ -108,6 +108,7 @@ class GraphView(View):
             if fold - set(self.collapsed):
                 self.collapsed = sorted(set(self.collapsed) | fold)  # lays out again
                 return
+        self.names = [op.name for op in drawn_operations(self.graph)]  # ops added since (fit's statistics) too
         self.layout = graph_layout(self.graph, self.collapsed)
         self.states = group_states(self.op_states, self.collapsed)
         self._show_stats()
@@ -123,7 +124,7 @@ class GraphView(View):
         stat = self.stat if self.stat in TITLES else ""
         step = self.step or (self.stats.steps[-1] if self.stats.steps else 0)
         self.node_stats = self.stats.node_values(stat, step, self.collapsed) if stat else {}
-        self.stat_scale = {**self.stats.scale(stat), "step": step, "title": TITLES[stat]} if stat else {}
+        self.stat_scale = {**self.stats.scale(stat, self.collapsed), "step": step, "title": TITLES[stat]} if stat else {}
 
     def show_step(self, step: int) -> int:
         """Show the statistics of the recorded step nearest ``step``; returns that step."""
@@ -174,6 +175,11 @@ class GraphView(View):
     def unfold_all(self) -> None:
         """Open every name scope, the gradient subgraph included."""
         self.collapsed = []
+
+    def unfold_one_level(self) -> None:
+        """Open the outermost folded scopes (those drawn as boxes now), keeping their own scopes folded:
+        what the toolbar's "unfold one level" does, so a big model opens a level at a time."""
+        self.collapsed = unfold_one_level(self.collapsed, all_scopes(self.graph))
 
     def search(self, text: str) -> list[str]:
         """Names of the operations that contain ``text`` (case-insensitive), an exact match first."""
@@ -273,6 +279,15 @@ class GraphView(View):
     def snapshot_state(self):
         return self.layout, self.states, self.node_stats, self.stat_scale
 
+    def __repr__(self) -> str:
+        """One line: ``graph mlp · 45 ops · 2,410 parameters · 3 scopes folded``."""
+        from workbench.graph.summary import trainable_parameters
+
+        return (
+            f"graph {self.graph.name} · {len(self.graph.operations)} ops · {trainable_parameters(self.graph):,} "
+            f"parameters · {len(self.collapsed)} scopes folded"
+        )
+
     def render_snapshot(self, state) -> str:
         return snapshots.graph_svg(*state)
 
@@ -288,3 +303,11 @@ def link_shown(training_view, graph_token: str) -> list[GraphView]:
     for view in views:
         view.follow(training_view)
     return views
+
+
+def unfold_one_level(collapsed, scopes) -> list[str]:
+    """``collapsed`` less its outermost folded scopes (no folded scope around them), plus those
+    scopes' direct sub-scopes (so what opens shows its own scopes folded)."""
+    folded = set(collapsed)
+    top = {s for s in folded if not any(a in folded for a in scopes_of(s))}
+    return sorted((folded - top) | {s for s in scopes if s.rpartition("/")[0] in top})

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from workbench.graph.core import Graph, Operation
 from workbench.ops import rules
 from workbench.ops.registry import REGISTRY
@@ -105,7 +107,23 @@ def op_info(op: Operation) -> dict[str, Any]:
         "outputs": [{"shape": _shape(t.shape), "dtype": t.dtype} for t in op.outputs],
         "inputs": [t.name for t in op.inputs] + [f"^{c.name}" for c in op.control_inputs],
         "source": source,
+        **({"value": constant_text(op.attrs["value"])} if op.type == "constant" else {}),
     }
+
+
+def constant_text(value) -> str:
+    """A constant's value as the graph view shows it: the number, a few elements, or its range."""
+    array = np.asarray(value)
+    if array.size == 0:
+        return "[]"
+    if array.size == 1:
+        return f"{array.reshape(()).item():.4g}" if array.dtype.kind == "f" else str(array.reshape(()).item())
+    if array.size <= 4 and array.ndim == 1:
+        return "[" + ", ".join(f"{v:.3g}" if array.dtype.kind == "f" else str(v) for v in array.tolist()) + "]"
+    if array.dtype.kind in "biuf":
+        lo, hi = array.min(), array.max()
+        return f"{lo:.3g} … {hi:.3g}" if array.dtype.kind == "f" else f"{lo} … {hi}"
+    return ""
 
 
 def visible_node(name: str, collapsed: set[str]) -> str:
@@ -135,6 +153,8 @@ def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
             nodes[vid] = _group_node(vid, controls.get(vid))
         if vid != op.name:
             nodes[vid]["members"] += 1
+            if op.type == "variable" and op.attrs.get("trainable"):
+                nodes[vid]["parameters"] += _size(op.outputs[0].shape)
     edges = _edges(drawn, collapsed)
     blocks = _blocks(nodes, edges)
     width, height = blocks[""]["w"], blocks[""]["h"]
@@ -150,6 +170,8 @@ def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
         "edges": [{"source": s, "target": t, "control": c} for (s, t), c in edges.items()],
         "boxes": sorted(boxes, key=lambda b: (b["depth"], b["scope"])),
         "collapsed": sorted(collapsed),
+        "operations": len(graph.operations),
+        "parameters": sum(_size(v.shape) for v in graph.trainable_variables),
         "width": width,
         "height": height,
     }
@@ -183,8 +205,16 @@ def _group_node(scope: str, control=None) -> dict[str, Any]:
         "inputs": [],
         "source": None,
         "members": 0,
+        "parameters": 0,  # elements of the trainable variables inside
         "scope": "/".join(scope.split("/")[:-1]),
     }
+
+
+def _size(shape) -> int:
+    size = 1
+    for d in shape:
+        size *= d
+    return size
 
 
 def _shape(shape) -> str:

@@ -82,5 +82,10 @@ class ScalingView(View):
     def snapshot_state(self):
         return self.state
 
+    def __repr__(self) -> str:
+        """One line: ``scaling study · 3 of 3 points · done``."""
+        planned = len(self.planned) or len(self.rows)
+        return f"scaling study · {len(self.rows)} of {planned} points · {self.status}"
+
     def render_snapshot(self, state) -> str:
         return snapshots.scaling_svg(state)

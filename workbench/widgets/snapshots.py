@@ -55,8 +55,9 @@ def graph_svg(layout: dict, states: dict, values: dict | None = None, scale: dic
     nodes = layout.get("nodes", [])
     by_id = {n["id"]: n for n in nodes}
     folded = layout.get("collapsed") or []
-    title = f"graph {layout.get('name', '')} · {len(nodes)} nodes" + (
-        f" · folded: {', '.join(folded)}" if folded else ""
+    params = f" · {layout['parameters']:,} parameters" if layout.get("parameters") else ""
+    title = f"graph {layout.get('name', '')} · {len(nodes)} nodes{params}" + (
+        f" · {len(folded)} scope{'' if len(folded) == 1 else 's'} folded" if folded else ""
     )
     if values and scale:
         title += f" · colour: {scale.get('title', '')} at step {scale.get('step', '')}"
@@ -118,7 +119,12 @@ def _graph_node(node: dict, state: str | None, top: float, fill: str | None = No
         stroke_dasharray="2 2" if kind == "constant" else None,
     )
     if kind == "scope":
-        sub = f"{node.get('members', 0)} ops · folded"
+        params = node.get("parameters") or 0
+        sub = (
+            f"{node.get('members', 0)} ops · {params:,} params" if params else f"{node.get('members', 0)} ops · folded"
+        )
+    elif node.get("value"):
+        sub = f"{node['value']} · {node.get('shape') or node.get('dtype', '')}"
     else:
         sub = f"{node.get('type', '')} · {node['shape']}" if node.get("shape") else node.get("type", "")
     parts = [
@@ -163,7 +169,7 @@ def training_svg(title: str, state: dict) -> str:
     width = 812
     outcome = state.get("outcome") or state.get("status") or "waiting"
     head = f"{title} · {outcome}" + (f" · batch {state['batch_size']}" if state.get("batch_size") else "")
-    bar = {"failed": "#cf222e", "interrupted": "#bf8700"}.get(state.get("status"), "#2da44e")
+    bar = {"failed": "#cf222e", "interrupted": "#bf8700", "stopped": "#57606a"}.get(state.get("status"), "#2da44e")
     body = [
         element("text", head, x=8, y=16, font_weight="600", fill=INK),
         element("rect", x=8, y=26, width=width - 16, height=20, rx=4, fill="#f6f8fa", stroke=BORDER),
@@ -308,6 +314,12 @@ def cluster_svg(info: dict | None, message: str = "") -> str:
         text = message or "no default cluster"
         return document(max(300, 7 * len(text) + 16), 28, [element("text", text, x=8, y=18, fill=INK)], text)
     workers = info.get("workers") or []
+    if info.get("closed"):
+        state = info["closed"] if isinstance(info["closed"], str) else "closed"
+        head = f"Dask cluster {info.get('scheduler', '')} · {state}"
+        body = [element("text", head, x=8, y=16, font_weight="600", fill=INK)]
+        body += [element("text", message, x=8, y=36, fill=MUTED)] if message else []
+        return document(max(420, 7 * max(len(head), len(message)) + 16), 48, body, head)
     total = {k: sum(w.get(k) or 0 for w in workers) for k in ("threads", "memory", "gpus")}
     head = (
         f"Dask cluster {info.get('scheduler', '')} · {len(workers)} workers · {total['threads']} threads · "

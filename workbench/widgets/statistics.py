@@ -4,14 +4,16 @@
 ``stats``: ``{"<op>/<stat>": value}`` (see :mod:`workbench.graph.probes`). A
 :class:`StepStats` keeps them (at most ``max_steps`` steps: when full, every other
 step is dropped) and answers what a view draws: one value per visible node at a
-step (a folded scope shows its member of largest magnitude) and the colour scale
-of a statistic over all kept steps, so a step where a layer blew up stands out.
+step (a folded scope shows its own aggregate: the sum of its gradient norms, its largest
+std, its mean of largest magnitude) and the colour scale of a statistic over all kept steps
+(of those aggregates too), so a step where a layer blew up stands out.
 
 >>> s = StepStats()
 >>> s.add(10, {"layer1/w/grad_norm": 0.5, "layer2/w/grad_norm": 0.25})
 >>> s.add(20, {"layer1/w/grad_norm": 40.0, "layer2/w/grad_norm": 0.5})
->>> s.node_values("grad_norm", 20, collapsed={"layer2"})
-{'layer1/w': 40.0, 'layer2': 0.5}
+>>> s.add(30, {"layer2/w/grad_norm": 0.5, "layer2/b/grad_norm": 0.25})
+>>> s.node_values("grad_norm", 30, collapsed={"layer2"})
+{'layer2': 0.75}
 >>> s.scale("grad_norm")
 {'stat': 'grad_norm', 'lo': 0.25, 'hi': 40.0, 'log': True, 'signed': False}
 """
@@ -23,6 +25,18 @@ import math
 from typing import Any
 
 from workbench.widgets.layout import visible_node
+
+def _largest(values: list[float]) -> float:
+    """The value of largest magnitude (NaN and Inf first: they are what a view must show)."""
+    return max(values, key=_magnitude)
+
+
+def _total(values: list[float]) -> float:
+    return math.fsum(values) if all(math.isfinite(v) for v in values) else _largest(values)
+
+
+#: How a folded scope combines its members' values of each statistic.
+AGGREGATES = {"grad_norm": _total, "std": _largest, "mean": _largest}
 
 #: How each statistic is described in the view.
 TITLES = {"grad_norm": "gradient norm", "mean": "activation mean", "std": "activation std"}
@@ -64,27 +78,23 @@ class StepStats:
         return min(near, key=lambda s: (abs(s - step), -s))
 
     def node_values(self, stat: str, step: int, collapsed=()) -> dict[str, float]:
-        """``stat`` at ``step`` by visible node: an op's own, or for a folded scope the member's
-        value of largest magnitude."""
+        """``stat`` at ``step`` by visible node: an op's own, or for a folded scope its aggregate
+        (:data:`AGGREGATES`: the sum of its gradient norms, its largest std, its mean of largest magnitude)."""
         collapsed = set(collapsed)
-        out: dict[str, float] = {}
+        members: dict[str, list[float]] = {}
         for label, value in self.values.get(step, {}).items():
             op, _, kind = label.rpartition("/")
-            if kind != stat:
-                continue
-            node = visible_node(op, collapsed)
-            if node not in out or _magnitude(value) > _magnitude(out[node]):
-                out[node] = value
-        return out
+            if kind == stat:
+                members.setdefault(visible_node(op, collapsed), []).append(value)
+        combine = AGGREGATES.get(stat, _largest)
+        return {node: values[0] if len(values) == 1 else combine(values) for node, values in members.items()}
 
-    def scale(self, stat: str) -> dict[str, Any]:
-        """The colour scale of ``stat`` over every kept step: ``lo``/``hi`` (of the magnitudes),
-        ``log`` (positive values spanning more than 10x) and ``signed`` (some value below 0)."""
+    def scale(self, stat: str, collapsed=()) -> dict[str, Any]:
+        """The colour scale of ``stat`` over every kept step, as the visible nodes show it (folded
+        scopes by their aggregate): ``lo``/``hi`` (of the magnitudes), ``log`` (positive values
+        spanning more than 10x) and ``signed`` (some value below 0)."""
         values = [
-            v
-            for per in self.values.values()
-            for k, v in per.items()
-            if k.rpartition("/")[2] == stat and math.isfinite(v)
+            v for step in self.values for v in self.node_values(stat, step, collapsed).values() if math.isfinite(v)
         ]
         if not values:
             return {"stat": stat, "lo": 0.0, "hi": 0.0, "log": False, "signed": False}

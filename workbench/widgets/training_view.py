@@ -135,7 +135,9 @@ class TrainingModel:
 
     @handle.register
     def _interrupted(self, event: FitInterrupted, now: float) -> bool:
-        self.status, self.stopped_at = "interrupted", int(event.step)
+        # a stop request (the Stop button, request_stop) or an interrupt (KeyboardInterrupt)
+        self.status = "stopped" if event.reason == "stopped" else "interrupted"
+        self.stopped_at = self.step = int(event.step)  # the bar ends where the fit did
         self._tick(now)
         return True
 
@@ -157,9 +159,10 @@ class TrainingModel:
 
     @property
     def outcome(self) -> str:
-        """The run's state in words: "running", "done", "interrupted at step N", "failed: ..."."""
-        if self.status == "interrupted":
-            return f"interrupted at step {self.stopped_at}"
+        """The run's state in words: "running", "done", "stopped at step N" (a stop request),
+        "interrupted at step N" (an interrupt), "failed: ..."."""
+        if self.status in ("stopped", "interrupted"):
+            return f"{self.status} at step {self.stopped_at}"
         if self.status == "failed":
             return f"failed: {self.error}"
         if self.status == "running" and self.stopping:
@@ -263,7 +266,7 @@ class TrainingView(View):
 
     @property
     def ended(self) -> bool:
-        return self.model.status in ("done", "failed", "interrupted")
+        return self.model.status in ("done", "failed", "stopped", "interrupted")
 
     def request_stop(self) -> bool:
         """What the Stop button does: end the followed fit after its current step (thread-safe).
@@ -303,6 +306,17 @@ class TrainingView(View):
 
     def snapshot_state(self):
         return self.title, self.state
+
+    def __repr__(self) -> str:
+        """One line: ``training · 300 steps · done · loss 0.054`` (the notebook's text/plain)."""
+        m = self.model
+        steps = f"{m.steps} steps" if m.status == "done" or not m.steps else f"{m.step} / {m.steps} steps"
+        shown = f"{m.steps} steps" in self.title  # the notebook's title says it already ("training · 300 steps")
+        parts = [self.title, m.outcome] if shown else [self.title, steps, m.outcome]
+        label = "loss" if "loss" in m.series else next(iter(m.series), None)
+        if label is not None and m.series[label].last is not None:
+            parts.append(f"{label} {m.series[label].last[1]:.3g}")
+        return " · ".join(parts)
 
     def render_snapshot(self, state) -> str:
         return snapshots.training_svg(*state)

@@ -20,6 +20,17 @@ function render({ model, el: root }) {
       title.textContent = message || "no default cluster";
       return;
     }
+    if (info.closed) {
+      title.textContent = `Dask cluster ${info.scheduler} · ${typeof info.closed === "string" ? info.closed : "closed"}`;
+      root.dataset.closed = "true";
+      if (message) {
+        const m = document.createElement("div");
+        m.className = "wb-muted";
+        m.textContent = message;
+        root.appendChild(m);
+      }
+      return;
+    }
     const ws = info.workers || [];
     const sum = (k) => ws.reduce((a, w) => a + (w[k] || 0), 0);
     title.textContent = `Dask cluster ${info.scheduler} · ${ws.length} workers · ${sum("threads")} threads · ` +

@@ -38,8 +38,15 @@ function shapeFor(node, g) {
 
 function subtitle(node) {
   if (node.kind === "scope" && node.control) return `${node.control} · ${node.members} ops · click to open`;
+  if (node.kind === "scope" && node.parameters) return `${node.members} ops · ${count(node.parameters)} params · click to open`;
   if (node.kind === "scope") return `${node.members} ops · click to open`;
+  if (node.value !== undefined && node.value !== "") return `${node.value} · ${node.shape || node.dtype}`;
   return node.shape ? `${node.type} · ${node.shape}` : node.type;
+}
+
+// 1234 -> "1,234"; 1.5e6 -> "1.5M"
+function count(n) {
+  return n >= 1e6 ? `${(n / 1e6).toFixed(n >= 1e7 ? 0 : 1)}M` : Math.round(n).toLocaleString("en-US");
 }
 
 function clip(text, n) {
@@ -49,6 +56,14 @@ function clip(text, n) {
 function scopesOf(name) {
   const parts = name.split("/").slice(0, -1);
   return parts.map((_, i) => parts.slice(0, i + 1).join("/"));
+}
+
+// The folded scopes less the outermost ones (no folded scope around them), plus their direct sub-scopes.
+function unfoldOneLevel(collapsed, scopes) {
+  const folded = new Set(collapsed);
+  const top = new Set([...folded].filter((s) => !scopesOf(s).some((a) => folded.has(a))));
+  const parent = (s) => s.split("/").slice(0, -1).join("/");
+  return [...folded].filter((s) => !top.has(s)).concat(scopes.filter((s) => top.has(parent(s))));
 }
 
 // Names containing the text (case-insensitive), an exact match (whole name, then last part) first.
@@ -93,7 +108,8 @@ function toolbar(model, zoomBy, fitWidth) {
   });
   bar.append(
     button("fold all", "fold every name scope", () => setCollapsed(allScopes())),
-    button("unfold all", "open every name scope", () => setCollapsed([])),
+    button("unfold one level", "open the outermost folded scopes (theirs stay folded)",
+           () => setCollapsed(unfoldOneLevel(model.get("collapsed") || [], allScopes()))),
     button("−", "zoom out", () => zoomBy(1 / 1.25)),
     button("+", "zoom in", () => zoomBy(1.25)),
     button("fit width", "scale the drawing to the width of the view", fitWidth),
@@ -214,13 +230,16 @@ function render({ model, el: root }) {
   wrap.className = "wb-graph";
   let svg = null;
 
-  // The drawing's scale: with "fit", the largest (up to 1) that shows its whole width.
+  // The drawing's scale: with "fit", the largest (up to 1) that shows its whole width; when a scope
+  // opens (not the "fit width" button), no smaller than READABLE: a wide drawing scrolls instead.
+  const READABLE = 0.55;
+  let asked = false;  // the last fit was the button's
   function applyZoom() {
     const layout = model.get("layout") || {};
     if (!svg || !layout.width) return;
     let zoom = model.get("zoom") || 1;
     if (model.get("fit") && canvas.clientWidth > 0) {
-      zoom = Math.max(0.01, Math.min(1, (canvas.clientWidth - 4) / layout.width));
+      zoom = Math.max(asked ? 0.01 : READABLE, Math.min(1, (canvas.clientWidth - 4) / layout.width));
       if (Math.abs(zoom - (model.get("zoom") || 1)) > 1e-3) { model.set("zoom", zoom); model.save_changes(); }
     }
     svg.setAttribute("width", Math.round(layout.width * zoom));
@@ -233,7 +252,8 @@ function render({ model, el: root }) {
     model.save_changes();
     applyZoom();
   };
-  const fitWidth = () => { model.set("fit", true); model.save_changes(); applyZoom(); };
+  const fitWidth = () => { asked = true; model.set("fit", true); model.save_changes(); applyZoom(); };
+  model.on("change:collapsed", () => { asked = false; });
   const tools = toolbar(model, zoomBy, fitWidth);
   const stats = statsBar(model);
   const canvas = document.createElement("div");
@@ -292,8 +312,11 @@ function render({ model, el: root }) {
     const layout = model.get("layout") || {};
     const nodes = layout.nodes || [];
     const byId = new Map(nodes.map((n) => [n.id, n]));
-    title.textContent = `graph ${layout.name || ""} · ${nodes.length} nodes` +
-      ((layout.collapsed || []).length ? ` · folded: ${layout.collapsed.join(", ")}` : "");
+    const folded = (layout.collapsed || []).length;
+    title.textContent = `graph ${layout.name || ""} · ${nodes.length} nodes · ${layout.operations ?? nodes.length} ops · ` +
+      `${count(layout.parameters || 0)} parameters` +
+      (folded ? ` · ${folded} scope${folded === 1 ? "" : "s"} folded` : "");
+    title.title = folded ? `folded: ${layout.collapsed.join(", ")}` : "";
     svg = el("svg", { width: layout.width || 0, height: layout.height || 0, class: "wb-svg",
                       viewBox: `0 0 ${layout.width || 0} ${layout.height || 0}` });
     const defs = el("defs", {}, svg);

@@ -161,6 +161,7 @@ function render({ model, el: root }) {
     fill.style.width = `${(100 * frac).toFixed(1)}%`;
     bar.classList.toggle("wb-failed", s.status === "failed");
     bar.classList.toggle("wb-interrupted", s.status === "interrupted");
+    bar.classList.toggle("wb-stopped", s.status === "stopped");
     stop.hidden = s.status !== "running";
     stop.disabled = !!s.stopping;
     let line = `step ${step} / ${steps} (${Math.round(100 * frac)}%) · ${duration(s.elapsed)} elapsed`;
