@@ -67,7 +67,7 @@ def cond(pred, true_fn, false_fn, name=None):
         raise ShapeError(f"cond {label!r}: the branches return nothing{where()}")
     operands = list(branches[0][0].captured) + [t for t in branches[1][0].captured if t not in branches[0][0].captured]
     bodies = [_body(body, operands, outputs) for body, outputs in branches]
-    outs = apply("cond", pred, *operands, true_body=bodies[0], false_body=bodies[1], seed_scope=None, name=name)
+    outs = apply("cond", pred, *operands, true_body=bodies[0], false_body=bodies[1], name=name)
     return unflatten(trees[0], outs if isinstance(outs, tuple) else (outs,))
 
 
@@ -80,7 +80,7 @@ def _body(body: BodyGraph, operands, outputs) -> Body:
 # -- the registry entry -------------------------------------------------------------------------
 
 
-def _cond_spec(pred, *operands, true_body, false_body, seed_scope):
+def _cond_spec(pred, *operands, true_body, false_body, seed_scope=None):
     if pred.dtype != "bool" or (pred.shape is not None and pred.shape != ()):
         shape = "any shape" if pred.shape is None else rules.fmt(pred.shape)
         raise DTypeError(f"pred must be a bool scalar, got {shape} {pred.dtype}")
@@ -101,7 +101,7 @@ def _cond_spec(pred, *operands, true_body, false_body, seed_scope):
     return tuple(merged(x, y) for x, y in zip(a, b))
 
 
-def _cond_kernel(xp, pred, *operands, true_body, false_body, seed_scope, plans=None):
+def _cond_kernel(xp, pred, *operands, true_body, false_body, seed_scope=None, plans=None):
     taken = bool(pred)  # on a GPU, one device-to-host read
     if plans:
         plan = plans[0] if taken else plans[1]
@@ -130,7 +130,7 @@ def _cond_grad(op, *grads):
             found = gradients([outs[i] for i in wanted], xs, grad_ys=g_out)
             found = [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found)]
         bodies.append(Body(grad_body, [t.op.name for t in held + g_out], [t.name for t in found]))
-    scope = op.attrs["seed_scope"] or op.name  # the branches' copies draw what the forward branches drew
+    scope = op.attrs.get("seed_scope") or op.name  # the branches' copies draw what the forward branches drew
     outs = apply("cond", pred, *operands, *(grads[i] for i in wanted), true_body=bodies[0], false_body=bodies[1],
                  seed_scope=scope)  # fmt: skip
     # each gradient through identity: a single-output op, which a distributed fit can cut the graph at

@@ -92,7 +92,6 @@ def scan(fn, xs, init, length=None, reverse=False, name=None):
         sequences=len(flat_xs),
         reverse=bool(reverse),
         length=steps,
-        seed_scope=None,
         name=name,
     )
     outs = outs if isinstance(outs, tuple) else (outs,)
@@ -111,7 +110,7 @@ def _step_spec(t, label, i) -> TensorSpec:
 # -- the registry entry -------------------------------------------------------------------------
 
 
-def _scan_spec(*specs, body, carries, sequences, reverse, length, seed_scope):
+def _scan_spec(*specs, body, carries, sequences, reverse, length, seed_scope=None):
     init, xs, captured = specs[:carries], specs[carries : carries + sequences], specs[carries + sequences :]
     steps = length
     if length is not None and length < 0:
@@ -145,7 +144,7 @@ def _scan_spec(*specs, body, carries, sequences, reverse, length, seed_scope):
     return (*init, *stacked, *history)
 
 
-def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, seed_scope, plans=None):
+def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, seed_scope=None, plans=None):
     run = (plans[0] if plans else body.cached(xp)).run
     carry = list(arrays[:carries])
     xs, captured = arrays[carries : carries + sequences], list(arrays[carries + sequences :])
@@ -228,7 +227,7 @@ def _scan_grad(op, *grads):
         sequences=len(seqs),
         reverse=not a["reverse"],
         length=a["length"],
-        seed_scope=a["seed_scope"] or op.name,  # the body's copy draws what the forward body drew
+        seed_scope=a.get("seed_scope") or op.name,  # the body's copy draws what the forward body drew
     )
     # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
     back = tuple(ops.identity(t) for t in (back if isinstance(back, tuple) else (back,)))
