@@ -2,13 +2,15 @@
 #   make demo        create .venv if missing, install workbench, run the main job
 #   make test        create .venv if missing, install workbench[test], run every test
 #   make test-quick  the same without tests marked slow
+#   make lint        ruff: the formatting and the checks of pyproject's [tool.ruff.lint]
+#   make test-blas   the quick cluster and training tests on another BLAS kernel (OPENBLAS_CORETYPE)
 # Installs run again only when pyproject.toml changes (stamp files in .venv).
 
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-quick
+.PHONY: demo test test-quick lint test-blas
 
 demo: $(VENV)/.installed
 	$(PY) -m workbench.demo
@@ -18,6 +20,26 @@ test: $(VENV)/.installed-test
 
 test-quick: $(VENV)/.installed-test
 	$(PY) -m pytest -m "not slow"
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff format --check workbench tests
+	$(VENV)/bin/ruff check workbench tests
+
+# Float comparisons must not depend on the BLAS kernel numpy's OpenBLAS picks for this CPU: run the
+# quick cluster and training tests once more with another one (Haswell, or Sandybridge where the CPU's
+# own is Haswell; where OPENBLAS_CORETYPE is set, without it).
+BLAS_TESTS := tests/cluster tests/test_training.py tests/test_fitloop.py tests/test_session.py tests/test_optimizers.py
+BLAS_CORE = $(PY) -c 'import numpy; from threadpoolctl import threadpool_info as i; \
+	print(next((x.get("architecture", "") for x in i() if x.get("internal_api") == "openblas"), ""))'
+test-blas: $(VENV)/.installed-test
+	@if [ -n "$$OPENBLAS_CORETYPE" ]; then \
+		echo "test-blas: OPENBLAS_CORETYPE unset (was $$OPENBLAS_CORETYPE)"; \
+		env -u OPENBLAS_CORETYPE $(PY) -m pytest -q -m "not slow" $(BLAS_TESTS); \
+	else \
+		core=Haswell; [ "$$($(BLAS_CORE))" = Haswell ] && core=Sandybridge; \
+		echo "test-blas: OPENBLAS_CORETYPE=$$core (the CPU's own: $$($(BLAS_CORE)))"; \
+		OPENBLAS_CORETYPE=$$core $(PY) -m pytest -q -m "not slow" $(BLAS_TESTS); \
+	fi
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \

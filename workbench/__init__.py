@@ -10,6 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers
+from workbench import layers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -45,6 +46,7 @@ from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench import cluster
 from workbench.session import Session
+from workbench.model import Model, export_onnx, load_model
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History
 
@@ -121,7 +123,7 @@ from workbench.ops import (  # noqa: E402, F401 - normalization, attention, pool
     top_k,
 )
 
-__version__ = "0.1.0"
+from workbench.version import __version__  # noqa: E402
 
 __all__ = [
     "ArgumentError",
@@ -141,8 +143,12 @@ __all__ = [
     "Operation",
     "PathError",
     "Session",
+    "Model",
+    "export_onnx",
+    "load_model",
     "accuracy",
     "metrics",
+    "layers",
     "ShapeError",
     "Tensor",
     "Variable",

@@ -126,6 +126,9 @@ class FitRequest:
         (:mod:`workbench.graph.probes`), fetched with the step every ``stats_every`` steps.
     stats_every : int
         0: no statistics.
+    feeds : dict
+        Placeholder name to a host array fed at every training step (``fit(feed_dict=...)``),
+        not to validation.
     """
 
     graph: Any
@@ -140,6 +143,7 @@ class FitRequest:
     check_numerics: bool = False
     stats: dict = field(default_factory=dict)
     stats_every: int = 0
+    feeds: dict = field(default_factory=dict)
 
     def stats_due(self, step: int) -> bool:
         """Whether step ``step`` (1-based) also fetches :attr:`stats`."""
@@ -250,6 +254,7 @@ class FitLoop:
                     e.history = self.history
                 raise
             except Exception as e:
+                self._keep_after_failure(engine)
                 self.events.emit(FitFailed, step=self.step, error=f"{type(e).__name__}: {e}")
                 raise
             finally:
@@ -294,6 +299,19 @@ class FitLoop:
             close = getattr(outcomes, "close", None)
             if close is not None:
                 close()
+
+    def _keep_after_failure(self, engine: StepEngine) -> None:
+        """After a failure, :attr:`final` holds the engine's newest variables that it can still give (a
+        cluster's last host copy: the steps it trained are not lost), and the history ends at their step."""
+        try:
+            self.final, at = engine.variables()
+        except Exception:  # noqa: BLE001 - nothing left to keep: the session keeps its own
+            self.final = None
+            return
+        self.stopped_at = at
+        if at < self.step:
+            self.history.records[:] = [r for r in self.history.records if r["step"] <= at]
+            self.step = at
 
     def _end_early(self, engine: StepEngine, reason: str) -> None:
         """The variables of the last step taken (:meth:`StepEngine.settle`) and a FitInterrupted."""
@@ -372,7 +390,7 @@ class LocalSteps:
                 if pending():
                     raise KeyboardInterrupt
                 started = time.perf_counter()
-                batch = {name: a[idx] for name, a in req.data.items()}
+                batch = {**req.feeds, **{name: a[idx] for name, a in req.data.items()}}
                 probed = names + list(req.stats.values()) if req.stats_due(step) else names
                 values = run(probed, batch, check_numerics=req.check_numerics, step=step - 1)
                 elapsed = time.perf_counter() - started

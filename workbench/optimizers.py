@@ -20,6 +20,7 @@ from workbench.errors import GradientError, GraphError
 from workbench.graph import precision
 from workbench.graph.core import Operation, Tensor, TrainingRecord, Variable, group
 from workbench.graph.gradients import gradients
+from workbench.graph.passes import needed_ops
 from workbench.loss_scale import LossScale, ScaleState, all_finite
 
 __all__ = ["Optimizer", "SGD", "Momentum", "Adam", "LossScale"]
@@ -68,7 +69,7 @@ class Optimizer:
         """The operation that updates every variable from its gradient."""
         return self._apply_gradients(list(grads_and_vars), name, None)
 
-    def _apply_gradients(self, grads_and_vars, name, scaling: ScaleState | None) -> Operation:
+    def _apply_gradients(self, grads_and_vars, name, scaling: ScaleState | None, extra=()) -> Operation:
         graph = grads_and_vars[0][1].graph
         scope = _unused_scope(graph, self.name)
         raw = tuple((g.name, v.name) for g, v in grads_and_vars)
@@ -83,12 +84,15 @@ class Optimizer:
                     updates += scaling.updates(self._finite)
             finally:
                 self._finite = None
-        update = group(*updates, name=name or f"{scope}/update")
+        update = group(*updates, *extra, name=name or f"{scope}/update")
         graph.training[update.name] = TrainingRecord(update.name, raw)
         return update
 
     def minimize(self, loss: Tensor, var_list=None, name: str | None = None, loss_scale=None) -> Operation:
         """Add gradients and updates for ``loss``; returns the update operation to run.
+
+        The update also runs the state updates of the layers ``loss`` depends on (the moving
+        statistics of :func:`workbench.layers.batch_norm`), so they need no collection.
 
         Parameters
         ----------
@@ -106,14 +110,15 @@ class Optimizer:
             the optimizer's update.
         """
         scaling = LossScale.of(loss_scale)
+        moving = state_updates(loss)  # batch norm's moving statistics: part of the training op
         if scaling is None:
-            update = self.apply_gradients(self.compute_gradients(loss, var_list), name=name)
+            update = self._apply_gradients(self.compute_gradients(loss, var_list), name, None, moving)
         else:
             with precision.suspended():
                 state = scaling.build(loss.graph, _unused_scope(loss.graph, "loss_scale"))
                 pairs = self.compute_gradients(state.scaled(loss), var_list)
                 pairs = [(state.unscaled(g), v) for g, v in pairs]
-            update = self._apply_gradients(pairs, name, state)
+            update = self._apply_gradients(pairs, name, state, moving)
         records = update.graph.training
         # with a dynamic scale, a cluster's replicas scale it by their share of the batch
         scale = state.scale.name if scaling is not None and state.good_steps is not None else ""
@@ -195,6 +200,16 @@ class Adam(Optimizer):
                 delta = delta + (self.learning_rate * self.weight_decay) * v
             updates.append(self._assign_sub(v, delta))
         return updates
+
+
+def state_updates(loss: Tensor) -> list[Operation]:
+    """The state updates recorded in ``graph.updates`` (batch norm's moving statistics) whose
+    tensor ``loss`` depends on: what ``minimize(loss)`` runs with its update."""
+    graph = loss.graph
+    if not graph.updates:
+        return []
+    needed = needed_ops(graph, [loss.op])
+    return [graph.operation(u) for u, t in graph.updates.items() if graph.get(t).op in needed]
 
 
 def _unused_scope(graph, base: str) -> str:

@@ -12,6 +12,7 @@ import workbench as wb
 from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import held_variables
+from workbench.testing import assert_close
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -57,7 +58,7 @@ def test_trains_to_the_variables_of_local_training(client3, kit, workers, dtype,
     assert [o.step for o in outcomes] == list(range(1, STEPS + 1))
     assert synced[4] == 5 and synced[9] == 10  # a host copy at each sync step
     kit.assert_same_variables(expected, variables, rtol=rtol)
-    np.testing.assert_allclose([o.fetches[m["loss"].name] for o in outcomes], losses, rtol=rtol)
+    assert_close([o.fetches[m["loss"].name] for o in outcomes], losses, rtol=rtol)
     trained = [v for _, v in m["graph"].training[m["train"].name].gradients]
     model_bytes = sum(expected[v].nbytes for v in trained)
     for o in outcomes:

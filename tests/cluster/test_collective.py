@@ -26,7 +26,9 @@ def reduce_on_every_rank(group, n, buckets=1, scale=None):
 
 
 def run_group(client, group, *args, **kwargs):
-    futures = [client.submit(reduce_on_every_rank, group, *args, workers=[a], pure=False, **kwargs) for a in group.addresses]
+    futures = [
+        client.submit(reduce_on_every_rank, group, *args, workers=[a], pure=False, **kwargs) for a in group.addresses
+    ]
     return client.gather(futures)
 
 
@@ -54,7 +56,9 @@ def test_two_groups_on_one_cluster_never_mix(client3):
     assert a.token != b.token
     futures = []
     for group, n in ((a, 1000), (b, 2000)):
-        futures.append([client3.submit(reduce_on_every_rank, group, n, workers=[w], pure=False) for w in group.addresses])
+        futures.append(
+            [client3.submit(reduce_on_every_rank, group, n, workers=[w], pure=False) for w in group.addresses]
+        )
     ra, rb = (client3.gather(f) for f in futures)
     np.testing.assert_allclose(ra[0][0][0], part(0, 1000) + part(1, 1000))
     np.testing.assert_allclose(rb[0][0][0], part(0, 2000) + part(1, 2000) + part(2, 2000))

@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -77,7 +78,11 @@ def test_buckets_in_flight_at_once_are_matched_by_name(loop):
     comms = group(loop, 3, "direct")
     flats = {(r, b): np.full(10, float(r + 1) * (b + 1), dtype="float32") for r in range(3) for b in range(4)}
     # rank 2 starts its buckets in the reverse order
-    handles = {(r, b): comms[r].start(f"step-1.{b}", flats[r, b]) for r in range(3) for b in (range(4) if r < 2 else range(3, -1, -1))}
+    handles = {
+        (r, b): comms[r].start(f"step-1.{b}", flats[r, b])
+        for r in range(3)
+        for b in (range(4) if r < 2 else range(3, -1, -1))
+    }
     for (r, b), h in handles.items():
         np.testing.assert_array_equal(h.wait(10), np.full(10, 6.0 * (b + 1), dtype="float32"))
 
@@ -114,3 +119,56 @@ def test_the_sum_is_there_before_the_peers_reply_and_the_array_is_ours_after_wai
         assert h.summed(5) is f and f.tolist() == [3.0] * 8
     loop.call_soon_threadsafe(replies.set)
     assert all(h.wait(5) is f for h, f in zip(handles, flats))
+
+
+@pytest.mark.parametrize("algorithm", ["direct", "ring", "gather"])
+@pytest.mark.parametrize("corrupt", ["length", "dtype"])
+def test_a_message_of_the_wrong_length_or_dtype_is_refused_not_summed(loop, algorithm, corrupt):
+    size, name = 3, f"bad-{algorithm}-{corrupt}"
+    boxes = [Mailbox() for _ in range(size)]
+
+    def sender(rank):
+        async def send(peer, key, value):
+            value = np.array(value)
+            if rank == 1:  # the right key, the wrong array
+                value = value[:-1] if corrupt == "length" else value.astype(np.float32)
+            boxes[peer].put(name, key, value)
+
+        return send
+
+    addresses = [f"inproc://{r}" for r in range(size)]
+    comms = [Communicator(name, r, addresses, sender(r), boxes[r], loop, 2.0, algorithm) for r in range(size)]
+    arrays = [np.arange(30, dtype=np.float64) + r for r in range(size)]
+    handles = [c.start("b0", a) for c, a in zip(comms, arrays)]
+    errors = []
+    for rank, h in enumerate(handles):
+        try:
+            h.wait(10)
+        except ClusterError as e:
+            errors.append(str(e))
+        else:  # only the rank that sent the bad arrays may finish (it received good ones)
+            assert rank == 1 and algorithm == "gather"
+    refused = [e for e in errors if "rank 1 (inproc://1) sent" in e and "belongs" in e]
+    assert refused, errors  # the ranks that got rank 1's message refused it; the others timed out waiting
+    for c in comms:
+        c.close()
+
+
+def test_messages_for_a_group_never_joined_are_dropped_after_a_while(loop):
+    box = Mailbox(stray_seconds=0.3)
+
+    async def deliver():
+        box.put("stray", "b0|all|0", np.zeros(5 << 20))  # 40 MB nobody here will ever take
+        box.put("mine", "b0|all|0", np.ones(3))
+
+    box_join = asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop)
+    box_join.result(5)
+    loop.call_soon_threadsafe(box.join, "mine")
+    asyncio.run_coroutine_threadsafe(deliver(), loop).result(5)
+    assert len(box) == 2
+    deadline = time.monotonic() + 5
+    while len(box) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(box) == 1  # the stray is gone, the joined group's message waits to be taken
+    taken = asyncio.run_coroutine_threadsafe(box.take("mine", "b0|all|0", 1.0), loop).result(5)
+    assert np.array_equal(taken, np.ones(3))

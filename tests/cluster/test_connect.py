@@ -126,10 +126,13 @@ def make_certificates(directory: Path) -> dict:
         )
         if not ca:
             builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
+                x509.SubjectAlternativeName(
+                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+                ),
                 critical=False,
             ).add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
             )
         return builder.sign(issuer_key, hashes.SHA256())
 
@@ -356,7 +359,11 @@ HTTP_400 = b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Len
     "reply, close, message",
     [
         (None, False, r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:\d+ within 3 s: no answer"),
-        (HTTP_400, True, r"answered, but not as a Dask scheduler \(MemoryError.*the dashboard \(by default on port 8787"),
+        (
+            HTTP_400,
+            True,
+            r"answered, but not as a Dask scheduler \(MemoryError.*the dashboard \(by default on port 8787",
+        ),
         (b"\xff" * 64 + b"garbage", False, r"answered, but not as a Dask scheduler"),
     ],
     ids=["accepts-and-stays-silent", "http-reply", "garbage"],

@@ -115,7 +115,9 @@ def test_lineage_does_not_grow_with_steps(client, digits):
     def count(record):
         counts.append(sum(1 for key in scheduler.tasks if isinstance(key, tuple) and parse_key(key)))
 
-    sess.fit(train, digits, batch_size=64, steps=120, replicas=2, fetches=[loss], window=4, sync_every=20, callback=count)
+    sess.fit(
+        train, digits, batch_size=64, steps=120, replicas=2, fetches=[loss], window=4, sync_every=20, callback=count
+    )
     # a sync cuts the lineage: at most a sync period (plus the window) of steps is alive,
     # at step 120 as at step 20
     per_step = 2 * 2 + 1

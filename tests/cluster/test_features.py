@@ -13,7 +13,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def test_backup_replicas_apply_the_first_to_finish_and_count_the_rest(client, kit):
     model, data = kit.mlp(), kit.blobs(n=120)
     sess = wb.Session(model["graph"], seed=0, cluster=client)
-    history = sess.fit(model["train"], data, batch_size=24, steps=12, replicas=2, backup_replicas=1, fetches=[model["loss"]])
+    history = sess.fit(
+        model["train"], data, batch_size=24, steps=12, replicas=2, backup_replicas=1, fetches=[model["loss"]]
+    )
     assert [r["dropped"] for r in history.records] == [1] * 12
     assert len({w for r in history.records for w in r["workers"]}) == 2
     losses = history["mean"]
@@ -53,7 +55,10 @@ def test_sharded_inference_refuses_what_cannot_be_split(kit):
     with pytest.raises(wb.GraphError, match="operations cannot be run chunk by chunk"):
         sess.run([model["logits"], model["train"]], {"x": da.from_array(data["x"], chunks=10)})
     with pytest.raises(wb.GraphError, match="cannot update variables"):
-        sess.run(wb.assign(model["graph"].variables[0], model["graph"].variables[0]), {"x": da.from_array(data["x"], chunks=10)})
+        sess.run(
+            wb.assign(model["graph"].variables[0], model["graph"].variables[0]),
+            {"x": da.from_array(data["x"], chunks=10)},
+        )
 
 
 def test_scaling_study_reports_each_worker_count(client, kit):
@@ -61,7 +66,9 @@ def test_scaling_study_reports_each_worker_count(client, kit):
     events = []
     unsubscribe = ROOT.subscribe(lambda e: events.append(e) if e["kind"].startswith("scaling") else None)
     try:
-        study = wb.scaling_study(model["graph"], model["train"], data, batch_size=64, steps=4, workers=[1, 2], cluster=client)
+        study = wb.scaling_study(
+            model["graph"], model["train"], data, batch_size=64, steps=4, workers=[1, 2], cluster=client
+        )
     finally:
         unsubscribe()
     assert [r["workers"] for r in study.rows] == [1, 2]

@@ -30,7 +30,10 @@ def test_the_program_names_the_workers_device_and_only_their_options(kit):
     m = kit.mlp()
     cpu = TrainingProgram.from_graph(m["graph"], m["train"])
     gpu = TrainingProgram.from_graph(
-        m["graph"], m["train"], device="gpu:1", device_options={"emulate": True, "results": "device", "cuda_graphs": True}
+        m["graph"],
+        m["train"],
+        device="gpu:1",
+        device_options={"emulate": True, "results": "device", "cuda_graphs": True},
     )
     assert (cpu.device, cpu.device_options) == ("cpu", ())
     assert (gpu.device, gpu.device_options) == ("gpu", (("emulate", True),))  # a worker's GPU is its first visible one

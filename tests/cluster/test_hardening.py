@@ -114,10 +114,10 @@ def test_a_killed_scheduler_is_a_cluster_error_with_its_cause(cli, problem):
     sess = wb.Session(model["graph"], seed=0, cluster=client)
     sess.events.subscribe(once(lambda: processes.started[0].kill()))  # the scheduler
     started = time.monotonic()
-    with pytest.raises(ClusterError, match="lost the Dask scheduler at tcp://127.0.0.1.*start the cluster again") as raised:
-        # parameter_server: the all-reduce engine does not yet translate these two cases alike
-        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10,
-                 strategy="parameter_server")
+    with pytest.raises(
+        ClusterError, match="lost the Dask scheduler at tcp://127.0.0.1.*start the cluster again"
+    ) as raised:
+        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10)
     assert time.monotonic() - started < 60 and raised.value.__cause__ is not None
     assert len(sess.last_history.records) >= 10
 
@@ -128,9 +128,7 @@ def test_a_client_closed_from_another_thread_is_a_cluster_error(cli, problem):
     sess = wb.Session(model["graph"], seed=0, cluster=client)
     sess.events.subscribe(once(lambda: threading.Thread(target=client.close).start()))
     with pytest.raises(ClusterError, match="client was closed while the fit ran") as raised:
-        # parameter_server: the all-reduce engine does not yet translate these two cases alike
-        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10,
-                 strategy="parameter_server")
+        sess.fit(model["train"], data, batch_size=32, steps=100_000, replicas=2, sync_every=10)
     assert raised.value.__cause__ is not None
 
 
@@ -170,8 +168,16 @@ def test_stop_and_interrupt_on_a_cluster_keep_the_last_step(client, problem, kit
     ends = []
     other.events.subscribe(lambda e: ends.append(e) if isinstance(e, FitInterrupted) else None)
     with pytest.raises(KeyboardInterrupt):
-        other.fit(model["train"], data, batch_size=32, steps=STEPS, replicas=2, sync_every=20, callback=interrupt,
-                  strategy="parameter_server")
+        other.fit(
+            model["train"],
+            data,
+            batch_size=32,
+            steps=STEPS,
+            replicas=2,
+            sync_every=20,
+            callback=interrupt,
+            strategy="parameter_server",
+        )
     kit.assert_same_variables(local.variables, other.variables, rtol=1e-9)
     assert len(other.last_history.records) == 7 and ends[-1].step == 7 and ends[-1].reason == "interrupted"
     scheduler = client.cluster.scheduler  # the fit's tasks are cancelled and forgotten

@@ -19,5 +19,7 @@ def test_a_gpu_sessions_sharded_inference_runs_on_the_gpu(kit):
         np.testing.assert_allclose(lazy.compute(), expected, rtol=1e-6)
     (plan,) = infer.PLANS.values()  # compiled once for the three chunks
     assert "fused_elementwise" in {op.type for op in plan.graph.operations}  # the GPU's rewrite
-    cpu_plan_ops = {op.type for op in wb.Session(model["graph"]).plan_for(model["logits"], {"x": data["x"]}).graph.operations}
+    cpu_plan_ops = {
+        op.type for op in wb.Session(model["graph"]).plan_for(model["logits"], {"x": data["x"]}).graph.operations
+    }
     assert "fused_elementwise" not in cpu_plan_ops

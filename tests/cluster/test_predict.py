@@ -79,7 +79,9 @@ def test_scaling_study_predicts_each_strategy_and_says_what_it_assumes(client, k
     assert {(r["strategy"], r["workers"]) for r in study.predictions} == {
         (s, k) for s in ("allreduce", "parameter_server") for k in (1, 2, 8, 100)
     }
-    weights = {n: v for n, v in wb.Session(m["graph"]).variables.items() if re.fullmatch(r"[wb]\d", n)}  # not Adam's slots
+    weights = {
+        n: v for n, v in wb.Session(m["graph"]).variables.items() if re.fullmatch(r"[wb]\d", n)
+    }  # not Adam's slots
     assert len(weights) == 4 and study.profile.model_bytes == sum(v.nbytes for v in weights.values())
     assert any("10 GbE" in a for a in study.assumptions) and "(predicted)" in study.table()
     ps = [study.predicted("parameter_server", k)["efficiency"] for k in (2, 8, 100)]

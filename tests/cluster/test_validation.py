@@ -15,7 +15,8 @@ def test_cluster_validation_matches_local_validation(client, kit):
     model, data, held_out = kit.mlp(), kit.blobs(n=64), kit.blobs(n=30, seed=1)
     fetches = {"loss": model["loss"]}
     local = wb.Session(model["graph"], seed=0, cluster=False).fit(
-        model["train"], data, batch_size=16, steps=8, fetches=fetches, validation=(held_out, 4))
+        model["train"], data, batch_size=16, steps=8, fetches=fetches, validation=(held_out, 4)
+    )
     sess = wb.Session(model["graph"], seed=0, cluster=client)
     seen = []
     sess.events.subscribe(seen.append)

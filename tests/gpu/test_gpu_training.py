@@ -7,6 +7,7 @@ import pytest
 
 import workbench as wb
 from workbench.ops import fused_train
+from workbench.testing import assert_close
 
 pytestmark = pytest.mark.gpu
 
@@ -48,7 +49,7 @@ def test_fused_updates_and_cross_entropy_run_as_generated_kernels(make):
         feed = _feed(seed=i)
         np.testing.assert_allclose(gpu.run([train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-4)
     for name, value in cpu.variables.items():
-        np.testing.assert_allclose(gpu.variables[name], value, rtol=1e-3, atol=1e-5, err_msg=name)
+        assert_close(gpu.variables[name], value, rtol=1e-3, err_msg=name)
     assert updates.calls - calls[0] == 5 and cross_entropy.calls - calls[1] == 5
 
 
@@ -119,5 +120,5 @@ def test_convolutions_run_as_generated_kernels_and_one_product_each():
         feed = {"x": rng.normal(size=(12, 3, 16, 16)).astype(np.float32), "y": rng.integers(0, 5, 12)}
         np.testing.assert_allclose(gpu.run([train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-4)
     for k, v in cpu.variables.items():
-        np.testing.assert_allclose(gpu.variables[k], v, rtol=1e-3, atol=1e-5, err_msg=k)
+        assert_close(gpu.variables[k], v, rtol=1e-3, err_msg=k)
     assert conv.calls - before == 3 * 5

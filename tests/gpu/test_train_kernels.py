@@ -19,6 +19,7 @@ from workbench.gpu import codegen
 from workbench.gpu.train_codegen import cross_entropy_kernel_source, update_kernel_source
 from workbench.gpu.train_kernels import CrossEntropyKernels, UpdateKernels
 from workbench.ops import fused_train
+from workbench.testing import assert_close
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ compiler")
 
@@ -122,7 +123,7 @@ def test_training_steps_through_the_generated_kernels_match_cpu(make, monkeypatc
         feed = {"x": rng.normal(size=(37, 6)).astype(np.float32), "y": rng.integers(0, 3, 37)}
         np.testing.assert_allclose(gpu.run([train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=2e-6)
     for k, v in cpu.variables.items():
-        np.testing.assert_allclose(gpu.variables[k], v, rtol=2e-5, atol=1e-6, err_msg=k)
+        assert_close(gpu.variables[k], v, rtol=2e-5, err_msg=k)
     # one update launch and one cross-entropy launch per step, in place from the second step
     assert updates.calls == 4 and cross_entropy.calls == 4 and updates.compiled == 1
 
@@ -314,5 +315,5 @@ def test_a_cnn_trains_through_the_generated_convolutions(monkeypatch):
         feed = {"x": rng.normal(size=(5, 2, 8, 8)).astype(np.float32), "y": rng.integers(0, 3, 5)}
         np.testing.assert_allclose(on_device(gpu, [train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-5)
     for k, v in cpu.variables.items():
-        np.testing.assert_allclose(gpu.variables[k], v, rtol=1e-4, atol=1e-6, err_msg=k)
+        assert_close(gpu.variables[k], v, rtol=1e-4, err_msg=k)
     assert kernels.calls == 3 * (2 * 2 + 1)  # per step: im2col for both forwards and filter grads, col2im for c2's input grad

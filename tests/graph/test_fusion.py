@@ -8,6 +8,7 @@ from workbench.graph.fusion import fuse_elementwise
 from workbench.graph.passes import optimize, validate
 from workbench.graph.plan import Plan
 from workbench.ops.fused import FUSED
+from workbench.testing import assert_close
 
 UNARY = ["negative", "tanh", "sigmoid", "relu", "abs", "exp_tanh", "sqrt_abs", "log_1p_abs", "sign"]
 BINARY = ["add", "subtract", "multiply", "maximum", "minimum", "where_greater", "divide_safe", "pow_abs"]
@@ -101,7 +102,7 @@ def test_fetched_inner_results_stay_visible(graph):
     assert fused.get("h").op.type == "exp"
     feeds = {"x": np.array([-1.0, 0.0, 2.0], np.float32)}
     (hv, yv), _ = _run(fused, ["h", "y"], feeds)
-    np.testing.assert_allclose(yv, np.maximum(np.exp(feeds["x"]) - 1.0, 0), rtol=1e-6)
+    assert_close(yv, np.maximum(np.exp(feeds["x"]) - 1.0, 0), rtol=1e-6)
 
 
 def test_shared_results_are_not_hidden(graph):
@@ -135,9 +136,9 @@ def test_training_steps_match_unfused(optimizer):
     for _ in range(4):
         a = plain.run([train, loss], {"x": X, "y": Y})[1]
         b = fusing.run([train, loss], {"x": X, "y": Y})[1]
-        np.testing.assert_allclose(b, a, rtol=1e-6)
+        assert_close(b, a, rtol=1e-6)
     for name, value in plain.variables.items():
-        np.testing.assert_allclose(fusing.variables[name], value, rtol=1e-5, atol=1e-7)
+        assert_close(fusing.variables[name], value, rtol=1e-5)
     plan = fusing.plan_for([train, loss], {"x": X, "y": Y})
     plain_plan = plain.plan_for([train, loss], {"x": X, "y": Y})
     assert len(plan) < len(plain_plan)

@@ -4,6 +4,7 @@ changing what any caller sees."""
 import numpy as np
 
 import workbench as wb
+from workbench.testing import assert_close
 
 
 def _model():
@@ -53,7 +54,7 @@ def test_in_place_training_matches_fresh_arrays():
         assert abs(losses[i] - float(np.mean(hv * hv))) < 1e-6
         gh = 2 * hv / hv.size * (pre > 0)
         wv, bv = wv - 0.1 * (X.T @ gh), bv - 0.1 * gh.sum(0)
-    np.testing.assert_allclose(sess.variables["w"], wv, rtol=1e-5)
+    assert_close(sess.variables["w"], wv, rtol=1e-5)
     assert sess.variables["w"].dtype == np.float32
 
 
@@ -103,4 +104,4 @@ def test_adam_updates_write_into_the_variables_own_arrays():
         fresh.plans.clear()
         fresh.run(train, {x: X})
     for name, value in fresh.variables.items():
-        np.testing.assert_allclose(sess.variables[name], value, rtol=1e-6)
+        assert_close(sess.variables[name], value, rtol=1e-6)

@@ -8,6 +8,7 @@ import pytest
 import workbench as wb
 from workbench.graph.passes import optimize, validate
 from workbench.graph.step_fusion import fuse_cross_entropy, fuse_step, fuse_updates
+from workbench.testing import assert_close
 
 OPTIMIZERS = {
     "adam": lambda: wb.optimizers.Adam(0.05),
@@ -127,8 +128,8 @@ def test_summed_loss_and_hoisted_upstream():
     feed = {"x": np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32), "y": np.array([0, 2, 1, 1, 0])}
     cpu, gpu = wb.Session(g, seed=4), wb.Session(g, seed=4, device="gpu", emulate=True)
     for _ in range(3):
-        np.testing.assert_allclose(gpu.run([train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-6)
-    np.testing.assert_allclose(gpu.variables["w"], cpu.variables["w"], rtol=1e-6)
+        assert_close(gpu.run([train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-6)
+    assert_close(gpu.variables["w"], cpu.variables["w"], rtol=1e-6)
 
 
 def test_random_ops_keep_their_draws_in_fused_steps():

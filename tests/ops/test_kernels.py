@@ -18,6 +18,7 @@ import pytest
 
 from workbench.ops.array import encode_index
 from workbench.ops.registry import REGISTRY, TensorSpec
+from workbench.testing import assert_close
 
 
 class KCase(NamedTuple):
@@ -645,7 +646,7 @@ def test_kernel_matches_numpy_reference(name, i, case):
     expected = expected_outputs(case)
     assert len(got) == len(expected)
     for g, e in zip(got, expected):
-        np.testing.assert_allclose(g, e, rtol=1e-6 if g.dtype == np.float32 else 1e-12, atol=1e-12)
+        assert_close(g, e, rtol=1e-6 if g.dtype == np.float32 else 1e-12)
 
 
 @pytest.mark.parametrize("name, i, case", CASES, ids=IDS)
@@ -663,7 +664,7 @@ def test_kernel_keeps_to_the_array_api(name, i, case):
         assert not isinstance(g, np.ndarray), "the kernel left the namespace it was given"
         g = np.asarray(g)
         assert (g.shape, g.dtype) == (e.shape, e.dtype)
-        np.testing.assert_allclose(g, e, rtol=1e-6 if e.dtype == np.float32 else 1e-12, atol=1e-12)
+        assert_close(g, e, rtol=1e-6 if e.dtype == np.float32 else 1e-12)
 
 
 def test_gather_grad_adds_repeated_indices_on_both_paths():

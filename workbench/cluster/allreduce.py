@@ -2,7 +2,7 @@
 
 Each worker of the run keeps its own replica of the variables
 (:mod:`workbench.cluster.replica`); a step is ``R`` tasks, one pinned to each
-worker, keyed like the model (``("mlp-allreduce-12-r0", token)``). Each computes
+worker, keyed like the model (``("mlp-allreduce", "12-r0", token)``). Each computes
 its shard's gradients, all-reduces them worker to worker
 (:mod:`workbench.cluster.collective`) and applies the optimizer to its own replica.
 No gradient or variable passes through a task result: the client gets small
@@ -39,14 +39,14 @@ from typing import Callable, Iterator
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.health import StepDeadline, silence_threshold, silent_workers
-from workbench.cluster.communicator import tree_sum
-from workbench.cluster.lower import allreduce_calls, allreduce_key
+from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
+from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
-from workbench.errors import ClusterError, CollectiveError, FeedError
+from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
+from workbench.graph.batch_reduction import Reduction, combine
 from workbench.training import batch_indices, check_data, is_dask_array
 
 
@@ -105,6 +105,10 @@ class AllReduceEngine:
         Where :class:`~workbench.events.Synced` and :class:`~workbench.events.Restarted` go.
     reason : str
         Why ``fit`` chose this strategy, if it chose it for a reason (shown in ``FitStarted``).
+    lease : float, optional
+        Seconds a worker keeps its replica without a step (default: the larger of 300 and 4 x
+        ``timeout``); it drops it at once when the scheduler releases the run's start task (this
+        client left the scheduler, or dropped the run). 0: only the latter.
     """
 
     strategy = "allreduce"
@@ -130,6 +134,7 @@ class AllReduceEngine:
         sync_every: int | None = None,
         events=None,
         reason: str = "",
+        lease: float | None = None,
     ):
         missing = set(program.feeds) - set(data)
         if missing:
@@ -157,6 +162,7 @@ class AllReduceEngine:
         self.reason = reason  # why fit chose this strategy (see workbench.cluster.engines)
         self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
         self.timeout, self.bucket_bytes = timeout, bucket_bytes
+        self.lease = max(300.0, 4 * timeout) if lease is None else float(lease)
         self.deadline = StepDeadline(step_timeout)  # no progress for this long: a hung worker is left out
         self.left_out: set[str] = set()  # workers that stopped answering during this fit
         self.algorithm, self.max_restarts, self.name = algorithm, max_restarts, name
@@ -242,7 +248,7 @@ class AllReduceEngine:
 
     # -- placing replicas -------------------------------------------------------------------------
     def _candidates(self) -> list[str]:
-        known = sorted(self.client.scheduler_info(n_workers=-1)["workers"])
+        known = sorted(scheduler_workers(self.client, self.deadline.seconds))
         return [w for w in (self.addresses or known) if w in known and w not in self.left_out]
 
     def _members(self, candidates: list[str]) -> list[str]:
@@ -271,6 +277,7 @@ class AllReduceEngine:
             broadcast=True,
             hash=False,
             workers=members,
+            timeout=self.deadline.seconds,
         )
         token = self.group.token
         self.replicas = self.workers = len(members)
@@ -283,6 +290,7 @@ class AllReduceEngine:
                 self.group,
                 self.bucket_bytes,
                 *data,
+                lease=self.lease,
                 key=allreduce_key(self.name, "start", i, token),
                 workers=[w],
                 allow_other_workers=False,
@@ -295,7 +303,8 @@ class AllReduceEngine:
     def _submit(self, step: int, sync: bool) -> None:
         index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
         group, futures = self.group, []
-        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
+        reduction = self.program.loss_reduction
+        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync, reduction)
         for (key, args), worker in zip(calls, group.addresses):
             futures.append(
                 self.client.submit(
@@ -317,11 +326,12 @@ class AllReduceEngine:
             for f in futures:
                 if f.status == "error":
                     error = f.exception()
-                    if isinstance(error, (self._transient, ClusterError)):
-                        raise error
-                    raise ClusterError(f"step {step} failed in {f.key[0]}: {type(error).__name__}: {error}") from error
+                    if isinstance(error, (self._transient, WorkbenchError)):
+                        raise error  # a NumericsError names the op, as locally
+                    what = f"{type(error).__name__}: {error}"
+                    raise ClusterError(f"step {step} failed in {key_label(f.key)}: {what}") from error
                 if f.status == "cancelled":
-                    raise concurrent.futures.CancelledError(f"step {step}: task {f.key[0]} was cancelled")
+                    raise concurrent.futures.CancelledError(f"step {step}: task {key_label(f.key)} was cancelled")
             if all(f.status == "finished" for f in futures):  # results come from the workers: bounded too
                 results = [f.result(timeout=max(1.0, deadline - time.monotonic())) for f in futures]
                 self.deadline.progressed(time.monotonic() - waited)
@@ -333,7 +343,7 @@ class AllReduceEngine:
 
     def _check_members(self, step: int) -> None:
         """A member that left the cluster fails the step now, not when its peers' waits time out."""
-        gone = set(self.group.addresses) - set(self.client.scheduler_info(n_workers=-1)["workers"])
+        gone = set(self.group.addresses) - set(scheduler_workers(self.client, self.deadline.seconds))
         if gone:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
 
@@ -367,7 +377,7 @@ class AllReduceEngine:
         deadline = time.monotonic() + min(seconds, self.timeout)
         members = set(self.group.addresses)
         while time.monotonic() < deadline:
-            if members - set(self.client.scheduler_info(n_workers=-1)["workers"]):
+            if members - set(scheduler_workers(self.client, self.deadline.seconds)):
                 return
             time.sleep(0.1)
 
@@ -381,20 +391,21 @@ class AllReduceEngine:
     def _drop(self) -> None:
         self._cancel()
         if self.group is not None:
-            known = set(self.client.scheduler_info(n_workers=-1)["workers"])
+            known = set(scheduler_workers(self.client, min(self.deadline.seconds, 10.0)))
             members = [a for a in self.group.addresses if a in known and a not in self.left_out]
             if members:  # bounded: a member that stopped answering must not hold the driver
                 with contextlib.suppress(TimeoutError, OSError):
                     self.client.run(
                         stop_replicas, self.group.token, workers=members, on_error="return", callback_timeout=5
                     )
-            self.group.release(self.client, skip=self.left_out)
+            self.group.release(self.client, skip=self.left_out, timeout=min(self.deadline.seconds, 10.0))
             self.group = None
 
     def _outcome(self, step: int, results: list[dict]) -> StepOutcome:
         fetches = {}
-        for k, label in enumerate(self.labels):
-            value = np.asarray(tree_sum([r["fetches"][k] for r in results]))
+        reductions = self.program.fetch_reductions or (Reduction("mean"),) * len(self.labels)
+        for k, label in enumerate(self.labels):  # each replica weighted its means; the rest combine as they are
+            value = np.asarray(combine(reductions[k], [r["fetches"][k] for r in results]))
             fetches[label] = value.item() if value.ndim == 0 else value
         compute = {r["worker"]: r["compute_seconds"] for r in results}
         metrics = {

@@ -34,6 +34,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from workbench.cluster.communicator import Communicator, Mailbox
+from workbench.cluster.health import scheduler_workers
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.errors import ClusterError
 
@@ -83,7 +84,7 @@ class CollectiveGroup:
 
         Registers the plugin on the cluster (also on workers that join later).
         """
-        addresses = tuple(workers) if workers else tuple(sorted(client.scheduler_info(n_workers=-1)["workers"]))
+        addresses = tuple(workers) if workers else tuple(sorted(scheduler_workers(client, timeout)))
         if not addresses:
             raise ClusterError("a collective needs at least one worker; the cluster has none")
         if len(set(addresses)) != len(addresses):
@@ -103,10 +104,10 @@ class CollectiveGroup:
     def size(self) -> int:
         return len(self.addresses)
 
-    def release(self, client, skip=()) -> None:
+    def release(self, client, skip=(), timeout: float = 10.0) -> None:
         """Forget the group on its workers that are still there (dropping messages in flight);
-        ``skip``: members known to have stopped answering. Bounded whatever the members do."""
-        alive = set(client.scheduler_info(n_workers=-1)["workers"])
+        ``skip``: members known to have stopped answering. Bounded whatever the members and the scheduler do."""
+        alive = set(scheduler_workers(client, timeout))
         members = [a for a in self.addresses if a in alive and a not in skip]
         if members:
             with contextlib.suppress(TimeoutError, OSError):

@@ -42,12 +42,35 @@ RING_FROM = 9  # "auto" uses the ring from this many ranks on (direct needs R - 
 GATHER_BELOW = 64 << 10  # "auto" sends small arrays whole between 2 ranks: one message round instead of two
 
 
-class Mailbox:
-    """Arrays that arrived, by key, and the receivers waiting for them (all on one event loop)."""
+#: Seconds a mailbox keeps messages for a group no communicator here joined (a peer may start first).
+STRAY_SECONDS = 120.0
 
-    def __init__(self):
+
+class Mailbox:
+    """Arrays that arrived, by key, and the receivers waiting for them (all on one event loop).
+
+    Messages for a group that no communicator of this mailbox joins within ``stray_seconds`` are
+    dropped: a stray message (another run's, a crafted one) pins no memory for longer than that.
+    """
+
+    def __init__(self, stray_seconds: float = STRAY_SECONDS):
         self._slots: dict[str, asyncio.Future] = {}
         self._closed: set[str] = set()  # groups released here: late messages for them are dropped
+        self._joined: set[str] = set()
+        self._pending: set[str] = set()  # groups not joined (yet) with an expiry scheduled
+        self.stray_seconds = float(stray_seconds)
+
+    def join(self, group: str) -> None:
+        """A communicator of ``group`` receives here: its messages are kept until taken or released."""
+        self._joined.add(group)
+
+    def _expire(self, group: str) -> None:
+        self._pending.discard(group)
+        if group in self._joined:
+            return
+        prefix = f"{group}|"
+        for key in [k for k in self._slots if k.startswith(prefix)]:
+            self._slots.pop(key).cancel()
 
     def _slot(self, key: str) -> asyncio.Future:
         slot = self._slots.get(key)
@@ -58,6 +81,9 @@ class Mailbox:
     def put(self, group: str, key: str, value) -> None:
         if group in self._closed:
             return
+        if group not in self._joined and group not in self._pending:
+            self._pending.add(group)
+            asyncio.get_running_loop().call_later(self.stray_seconds, self._expire, group)
         slot = self._slot(f"{group}|{key}")
         if not slot.done():
             slot.set_result(value)
@@ -74,6 +100,7 @@ class Mailbox:
     def release(self, group: str) -> None:
         """Forget ``group``: drop what arrived for it, cancel its waiters, ignore what comes later."""
         self._closed.add(group)
+        self._joined.discard(group)
         prefix = f"{group}|"
         for key in [k for k in self._slots if k.startswith(prefix)]:
             self._slots.pop(key).cancel()
@@ -214,6 +241,10 @@ class Communicator:
         self.bytes_sent = self.bytes_received = 0
         self.waiting_on: dict[str, set] = {}  # bucket -> the peers it waits for now
         self.closed = False
+        if loop is not None:
+            loop.call_soon_threadsafe(mailbox.join, group)
+        else:
+            mailbox.join(group)
 
     def describe(self, rank: int) -> str:
         return f"rank {rank} ({self.addresses[rank]})"
@@ -270,7 +301,7 @@ class Communicator:
             raise CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
         self.bytes_sent += value.nbytes
 
-    async def _get(self, bucket: str, peer: int, key: str):
+    async def _get(self, bucket: str, peer: int, key: str, like):
         waiting = self.waiting_on.setdefault(bucket, set())
         waiting.add(peer)
         try:
@@ -281,11 +312,19 @@ class Communicator:
                 f"all-reduce of bucket {bucket!r} on {self.describe(self.rank)}: nothing from {self.describe(peer)} "
                 f"for {self.timeout:g} s (did it die or hang?)"
             ) from None
+        if not isinstance(value, np.ndarray) or value.shape != like.shape or value.dtype != like.dtype:
+            got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
+            raise CollectiveError(
+                f"all-reduce of bucket {bucket!r} on {self.describe(self.rank)}: {self.describe(peer)} sent "
+                f"{got} for {key!r}, where {like.dtype} {like.shape} belongs (a message of another run, or a "
+                "peer with another model?); the step is refused rather than summed"
+            )
         self.bytes_received += value.nbytes
         return value
 
     async def _exchange(self, bucket: str, sends: list, receives: list, sent: list) -> list:
-        """Send ``(peer, key, array)``s while receiving ``(peer, key)``s; the received arrays in order.
+        """Send ``(peer, key, array)``s while receiving ``(peer, key, like)``s (each must have ``like``'s
+        shape and dtype); the received arrays in order.
 
         Returns once everything is received, without waiting for the sends' replies: their tasks
         go to ``sent``, awaited when the bucket is done. (An array sent in one round is written
@@ -293,7 +332,7 @@ class Communicator:
         failure of any send or receive ends the exchange at once.
         """
         sent.extend(asyncio.ensure_future(self._put(p, k, v)) for p, k, v in sends)
-        receiving = [asyncio.ensure_future(self._get(bucket, p, k)) for p, k in receives]
+        receiving = [asyncio.ensure_future(self._get(bucket, p, k, like)) for p, k, like in receives]
         try:
             waiting = set(receiving)
             while waiting:
@@ -320,7 +359,10 @@ class Communicator:
         r = self.rank
         peers = [p for p in range(self.size) if p != r]
         arrays = await self._exchange(
-            bucket, [(p, f"{bucket}|all|{r}", flat) for p in peers], [(p, f"{bucket}|all|{p}") for p in peers], sent
+            bucket,
+            [(p, f"{bucket}|all|{r}", flat) for p in peers],
+            [(p, f"{bucket}|all|{p}", flat) for p in peers],
+            sent,
         )
         total = tree_sum(arrays[:r] + [flat] + arrays[r:])  # a new array: peers may still be reading ``flat``
         if scale is not None:
@@ -333,14 +375,20 @@ class Communicator:
         views = [flat[a:b] for a, b in chunk_bounds(len(flat), size)]
         peers = [p for p in range(size) if p != r]
         pieces = await self._exchange(
-            bucket, [(p, f"{bucket}|rs|{r}", views[p]) for p in peers], [(p, f"{bucket}|rs|{p}") for p in peers], sent
+            bucket,
+            [(p, f"{bucket}|rs|{r}", views[p]) for p in peers],
+            [(p, f"{bucket}|rs|{p}", views[r]) for p in peers],
+            sent,
         )
         parts = pieces[:r] + [views[r]] + pieces[r:]
         tree_sum(parts, views[r])
         if scale is not None:
             np.multiply(views[r], scale, out=views[r], casting="unsafe")
         sums = await self._exchange(
-            bucket, [(p, f"{bucket}|ag|{r}", views[r]) for p in peers], [(p, f"{bucket}|ag|{p}") for p in peers], sent
+            bucket,
+            [(p, f"{bucket}|ag|{r}", views[r]) for p in peers],
+            [(p, f"{bucket}|ag|{p}", views[p]) for p in peers],
+            sent,
         )
         for p, value in zip(peers, sums):
             np.copyto(views[p], value)
@@ -352,7 +400,10 @@ class Communicator:
         for k in range(size - 1):  # reduce-scatter: chunk c is summed g_c + g_c+1 + ... around the ring
             send, recv = (r - k) % size, (r - k - 1) % size
             (partial,) = await self._exchange(
-                bucket, [(right, f"{bucket}|rs{k}|{r}", views[send])], [(left, f"{bucket}|rs{k}|{left}")], sent
+                bucket,
+                [(right, f"{bucket}|rs{k}|{r}", views[send])],
+                [(left, f"{bucket}|rs{k}|{left}", views[recv])],
+                sent,
             )
             np.add(partial, views[recv], out=views[recv])
         mine = (r + 1) % size
@@ -361,6 +412,9 @@ class Communicator:
         for k in range(size - 1):  # all-gather: the sums travel on around the ring
             send, recv = (r + 1 - k) % size, (r - k) % size
             (value,) = await self._exchange(
-                bucket, [(right, f"{bucket}|ag{k}|{r}", views[send])], [(left, f"{bucket}|ag{k}|{left}")], sent
+                bucket,
+                [(right, f"{bucket}|ag{k}|{r}", views[send])],
+                [(left, f"{bucket}|ag{k}|{left}", views[recv])],
+                sent,
             )
             np.copyto(views[recv], value)

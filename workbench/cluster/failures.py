@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import dask.config
 import numpy as np
 
+from workbench.cluster.health import lost_scheduler, scheduler_listens
 from workbench.errors import ClusterError, WorkbenchError
 from workbench.training import is_dask_array
 
@@ -27,26 +28,26 @@ DASK_ARRAY_ADVICE = (
 )
 
 
-def cluster_error(error: BaseException, client=None, *, step: int | None = None, data_bytes: int = 0) -> WorkbenchError:
+def cluster_error(
+    error: BaseException, client=None, *, step: int | None = None, data_bytes: int = 0, address: str | None = None
+) -> WorkbenchError:
     """The error the user sees for ``error`` raised by a cluster fit (``error`` is its ``__cause__``).
 
     A :class:`~workbench.errors.WorkbenchError` is returned as it is (it already says what
     was wrong); anything else becomes a :class:`ClusterError` with a sentence of advice.
-    ``step`` is the last step finished, ``data_bytes`` what the fit sends to each worker whole.
+    ``step`` is the last step finished, ``data_bytes`` what the fit sends to each worker whole,
+    ``address`` the scheduler's (a closed client no longer knows it).
     """
     if isinstance(error, WorkbenchError):
         return error
     at = f" after step {step}" if step else ""
     what = f"{type(error).__name__}: {error}"
     status = getattr(client, "status", "running")
-    address = _scheduler_address(client)
-    if _scheduler_lost(error) or status in ("connecting", "failed"):
-        message = (
-            f"lost the Dask scheduler at {address}{at}: it was stopped, or its machine or network went "
-            f"away; start the cluster again and fit again (with checkpoint_dir the fit resumes from "
-            f"its last checkpoint) ({what})"
-        )
-    elif status in ("closing", "closed"):
+    address = address or _scheduler_address(client)
+    closed = status in ("closing", "closed")
+    if _scheduler_lost(error) or status in ("connecting", "failed") or closed and not scheduler_listens(address):
+        message = f"{lost_scheduler(address, at)} ({what})"
+    elif closed:
         message = (
             f"the Dask client was closed while the fit ran{at} (client.close() or session.close(), "
             f"perhaps from another thread); create a new Session to train again ({what})"
@@ -115,6 +116,7 @@ class GuardedEngine:
 
     def __init__(self, engine, client, data: dict):
         self.engine, self.client = engine, client
+        self.address = _scheduler_address(client)  # kept: a client closed under the fit forgets it
         self.data_bytes = int(sum(np.asarray(v).nbytes for v in data.values() if not is_dask_array(v)))
         self.step = 0
 
@@ -127,7 +129,7 @@ class GuardedEngine:
         try:
             yield
         except Exception as e:
-            error = cluster_error(e, self.client, step=self.step, data_bytes=self.data_bytes)
+            error = cluster_error(e, self.client, step=self.step, data_bytes=self.data_bytes, address=self.address)
             if error is e:
                 raise
             raise error from e

@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import numpy as np
 from dask.task_spec import List, TaskRef
 
-from workbench.cluster.health import StepDeadline, silence_threshold, silent_workers
-from workbench.cluster.lower import combine_tasks, replica_tasks, task_name
+from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
+from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
@@ -181,7 +181,7 @@ class ParameterServer:
 
     def _workers_now(self) -> list:
         """The workers this fit may use now (the ones asked for, or all), without those left out."""
-        known = self.worker_addresses or sorted(self.client.scheduler_info().get("workers", {}))
+        known = self.worker_addresses or sorted(scheduler_workers(self.client, self.deadline.seconds))
         return [w for w in known if w not in self.excluded]
 
     def _placement(self) -> tuple | None:
@@ -294,7 +294,7 @@ class ParameterServer:
     def _fetch(self, update, step: int, whole: bool = False):
         """Step ``step``'s variables as host arrays (and the whole state with ``whole``)."""
         if self.program.device != "cpu":  # the worker copies the variables off its GPU
-            key = (task_name(self.graph_name, "host", step), self.token)
+            key = task_key(self.graph_name, "host", step, token=self.token)
             update = self.client.submit(host_state, update, key=key, pure=False)
         state = update.result(timeout=self.deadline.seconds)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}

@@ -61,7 +61,7 @@ _TASK_NAME = re.compile(rf"^(?P<graph>.+)-(?P<phase>{'|'.join(PHASES)})-(?P<step
 
 
 def task_name(graph: str, phase: str, step: int, *rest) -> str:
-    """``<graph>-<phase>-<step>[-<rest>]``: the first part of a training task's key.
+    """``<graph>-<phase>-<step>[-<rest>]``: a training task's name (see :func:`key_label`).
 
     >>> task_name("mlp", "grad", 12, "r0")
     'mlp-grad-12-r0'
@@ -79,13 +79,40 @@ class TaskName(NamedTuple):
     rest: str
 
 
+def task_key(graph: str, phase: str, step: int | str, *rest, token: str) -> tuple[str, str, str]:
+    """The key of a training task: ``("<graph>-<phase>", "<step>[-<rest>]", token)``.
+
+    The step is in the second element, so that the scheduler makes one task group per phase of a
+    fit (it groups tuple keys by their first element), not one per task kept for its whole life; the
+    prefix the dashboard shows is the phase's, as before.
+
+    >>> from dask.utils import key_split
+    >>> from distributed.utils import key_split_group
+    >>> key = task_key("mlp", "grad", 12, "r0", token="9f2c41d7")
+    >>> key, key_split(key), key_split_group(key)
+    (('mlp-grad', '12-r0', '9f2c41d7'), 'mlp-grad', 'mlp-grad')
+    """
+    return (f"{graph}-{phase}", "-".join([str(step), *map(str, rest)]), token)
+
+
+def key_label(key) -> str:
+    """A training task's key as one name, ``<graph>-<phase>-<step>[-<rest>]`` (other keys: their first part).
+
+    >>> key_label(task_key("mlp", "update", 3, token="9f2c41d7"))
+    'mlp-update-3'
+    """
+    if isinstance(key, tuple) and len(key) == 3 and all(isinstance(k, str) for k in key):
+        return f"{key[0]}-{key[1]}"
+    return str(key[0] if isinstance(key, tuple) and key else key)
+
+
 def parse_key(key) -> TaskName | None:
     """What a training task's key says (graph, phase, step, rest), or None for other keys.
 
-    >>> parse_key(("mlp-reduce-12-1-0", "9f2c41d7"))
+    >>> parse_key(task_key("mlp", "reduce", 12, 1, 0, token="9f2c41d7"))
     TaskName(graph='mlp', phase='reduce', step=12, rest='1-0')
     """
-    name = key[0] if isinstance(key, tuple) and key else key
+    name = key_label(key) if isinstance(key, tuple) and key else key
     match = _TASK_NAME.match(name) if isinstance(name, str) else None
     if match is None:
         return None
@@ -95,10 +122,10 @@ def parse_key(key) -> TaskName | None:
 def step_keys(name: str, step: int, replicas: int, token: str) -> dict[str, Any]:
     """The keys of one step's tasks (and ``reduce(depth, index)``, the key of a reduction)."""
     return {
-        "grads": [(task_name(name, "grad", step, f"r{i}"), token) for i in range(replicas)],
-        "update": (task_name(name, "update", step), token),
-        "metrics": (task_name(name, "metrics", step), token),
-        "reduce": lambda depth, index: (task_name(name, "reduce", step, depth, index), token),
+        "grads": [task_key(name, "grad", step, f"r{i}", token=token) for i in range(replicas)],
+        "update": task_key(name, "update", step, token=token),
+        "metrics": task_key(name, "metrics", step, token=token),
+        "reduce": lambda depth, index: task_key(name, "reduce", step, depth, index, token=token),
     }
 
 
@@ -154,8 +181,8 @@ def step_tasks(
     ``program``, ``state`` and the data sources may be literal values,
     ``TaskRef``s or Futures; the returned dict maps keys to ``Task``s. The
     shard weights make the reduced gradient the gradient of the global batch's
-    mean loss: exact when the loss is a mean over the batch, plus terms that do
-    not depend on it (the usual case).
+    loss: each shard's share of the rows for a loss that is a mean over them,
+    1 for a sum (the program's ``loss_reduction``).
     """
     total = len(index)
     tasks, keys = replica_tasks(
@@ -165,27 +192,43 @@ def step_tasks(
     return tasks, keys
 
 
-def allreduce_key(name: str, step: int | str, rank: int, token: str) -> tuple[str, str]:
+def allreduce_key(name: str, step: int | str, rank: int, token: str) -> tuple[str, str, str]:
     """The key of rank ``rank``'s task of step ``step`` (``"start"``: the task placing its replica).
 
     >>> from dask.utils import key_split
-    >>> key_split(allreduce_key("mlp", 12, 0, "9f2c41d7"))
-    'mlp-allreduce'
+    >>> key = allreduce_key("mlp", 12, 0, "9f2c41d7")
+    >>> key, key_split(key)
+    (('mlp-allreduce', '12-r0', '9f2c41d7'), 'mlp-allreduce')
     """
-    return (f"{name}-allreduce-{step}-r{rank}", token)
+    if step == "start":  # its own prefix on the dashboard, as before
+        return (f"{name}-allreduce-start", f"r{rank}", token)
+    return task_key(name, "allreduce", step, f"r{rank}", token=token)
 
 
-def allreduce_calls(name: str, token: str, step: int, index: np.ndarray, ranks: int, started: list, sync: bool):
+def allreduce_calls(
+    name: str,
+    token: str,
+    step: int,
+    index: np.ndarray,
+    ranks: int,
+    started: list,
+    sync: bool,
+    reduction: str = "mean",
+):
     """The ``(key, arguments of run_step)`` of one all-reduce step's ``ranks`` tasks.
 
-    Rank ``i`` trains on shard ``i`` of ``index``. Equal shards: each gradient goes into its bucket
-    as it is and the sum is scaled once by ``1 / R``; else each by its shard's rows, the sum by
-    ``1 / len(index)``. Fetches are weighted by the shard's share; rank 0 brings the variables home
-    when ``sync``. ``started[i]``: rank ``i``'s start task (a future or a ref), for the order.
+    Rank ``i`` trains on shard ``i`` of ``index``. ``reduction`` is how the loss reduces over the
+    batch's rows (the program's ``loss_reduction``). A mean, equal shards: each gradient goes into
+    its bucket as it is and the sum is scaled once by ``1 / R``; unequal shards: each by its shard's
+    rows, the sum by ``1 / len(index)``. A sum: the gradients are summed as they are. Mean fetches
+    are weighted by the shard's share; rank 0 brings the variables home when ``sync``.
+    ``started[i]``: rank ``i``'s start task (a future or a ref), for the order.
     """
+    if reduction not in ("mean", "sum"):
+        raise ClusterError(f"a loss reduction is 'mean' or 'sum', not {reduction!r}")
     parts = shards(index, ranks)
-    total, equal = len(index), len({len(p) for p in parts}) == 1
-    count = ranks if equal else total
+    total, equal = len(index), len({len(p) for p in parts}) == 1 or reduction == "sum"
+    count = 1 if reduction == "sum" else ranks if equal else total
     scale = None if count == 1 else 1.0 / count  # applied once, to the sum
     calls, offset = [], 0
     for i, part in enumerate(parts):
@@ -207,6 +250,7 @@ def _allreduce_tasks(
     steps: int,
     token: str,
     bucket_bytes: int = 4 << 20,
+    reduction: str = "mean",
 ) -> tuple[list, int]:
     """Add the all-reduce strategy's tasks of ``steps`` steps to ``dsk``; the per-step keys of rank 0 and R."""
     from workbench.cluster.collective import CollectiveGroup
@@ -222,7 +266,8 @@ def _allreduce_tasks(
         started.append(TaskRef(key))
     firsts = []
     for step, index in enumerate(index_of, 1):
-        for key, args in allreduce_calls(name, token, step, index, replicas, started, step == steps):
+        calls = allreduce_calls(name, token, step, index, replicas, started, step == steps, reduction)
+        for key, args in calls:
             dsk[key] = Task(key, run_step, *args)
         firsts.append(allreduce_key(name, step, 0, token))
     return firsts, replicas
@@ -312,8 +357,9 @@ def lower(
     data_refs = [TaskRef(("data", key, token)) for key in program.feeds]
     batches = batch_indices(n, batch_size, steps, seed if batch_seed is None else batch_seed)
     if strategy == "allreduce":
+        ref, reduction = TaskRef(("program", token)), program.loss_reduction
         firsts, per_step = _allreduce_tasks(
-            dsk, TaskRef(("program", token)), variables, data_refs, batches, replicas, name, steps, token
+            dsk, ref, variables, data_refs, batches, replicas, name, steps, token, reduction=reduction
         )
         return Lowered(dsk, firsts[-1], firsts, per_step, program)
     dsk[("state-0", token)] = DataNode(("state-0", token), initial_state(variables))

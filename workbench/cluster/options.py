@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.cluster.health import SCHEDULER_SECONDS, scheduler_workers
 from workbench.errors import ClusterError
 
 
@@ -56,7 +57,7 @@ class ClusterOptions:
 
     def worker_count(self, client) -> int:
         """How many workers the fit uses."""
-        return len(self.workers or client.scheduler_info().get("workers", {}))
+        return len(self.workers or scheduler_workers(client, self.step_timeout or SCHEDULER_SECONDS))
 
     def replicas_for(self, client) -> int:
         """The replicas asked for, or one per worker used."""

@@ -30,9 +30,10 @@ import numpy as np
 from workbench.devices import open_device
 from workbench.errors import ClusterError
 from workbench.graph.compile import PlanCache, compile_plan
+from workbench.graph.batch_reduction import batch_reductions, fetch_reduction, join, loss_reduction, weighted
 from workbench.graph.core import Graph, Operation
 from workbench.graph.device import Device
-from workbench.graph.passes import optimize
+from workbench.graph.passes import bind_placeholders, optimize
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,14 @@ class TrainingProgram:
         The variable of the optimizer's dynamic loss scale, or "".
     gradient_variables : tuple of str
         The variable each gradient belongs to (same order as ``gradients``).
+    loss_reduction : {"mean", "sum"}
+        How the loss reduces over the batch's rows (:func:`~workbench.graph.batch_reduction.loss_reduction`):
+        each replica's gradient is weighted by its share of the rows for a mean, by 1 for a sum.
+    fetch_reductions : tuple of Reduction
+        How each fetch combines across replicas (same order as ``fetches``).
+    check_numerics : bool
+        Workers run both plans checking every op's output for NaN and Inf (``fit(check_numerics=True)``):
+        a :class:`~workbench.errors.NumericsError` naming the op ends the fit, as it does locally.
     """
 
     replica_json: str
@@ -90,24 +99,45 @@ class TrainingProgram:
     device_options: tuple = ()
     loss_scale: str = ""
     gradient_variables: tuple = ()
+    loss_reduction: str = "mean"
+    fetch_reductions: tuple = ()
+    check_numerics: bool = False
+
+    def gradient_weight(self, share: float) -> float:
+        """What a replica's gradients are multiplied by, for a shard with ``share`` of the global batch's rows."""
+        return share if self.loss_reduction == "mean" else 1.0
 
     @classmethod
     def for_fit(cls, request) -> TrainingProgram:
         """The program of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest`), for any strategy."""
         return cls.from_graph(
-            request.graph,
+            bind_placeholders(request.graph, request.feeds),  # fit(feed_dict=...): the same at every step
             request.train,
             list(request.fetches.values()),
             seed=request.seed,
             device=request.device.kind,
             device_options=request.device.options,
+            fed=list(request.data),
+            check_numerics=request.check_numerics,
         )
 
     @classmethod
     def from_graph(
-        cls, graph: Graph, train, fetches=(), seed: int = 0, device: str = "cpu", device_options: dict | None = None
+        cls,
+        graph: Graph,
+        train,
+        fetches=(),
+        seed: int = 0,
+        device: str = "cpu",
+        device_options: dict | None = None,
+        fed=None,
+        check_numerics: bool = False,
     ) -> TrainingProgram:
-        """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded."""
+        """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded.
+
+        ``fed`` names the placeholders the data feeds (default: those without a default
+        value); the others take their defaults.
+        """
         train_name = (
             train.name if isinstance(train, Operation) else train.op.name if hasattr(train, "op") else str(train)
         )
@@ -121,15 +151,20 @@ class TrainingProgram:
         gradients = tuple(record.gradient_names)
         gradient_ops = tuple(graph.get(g).op.name for g in gradients)
         fetches = tuple(fetches)
-        replica = optimize(graph, list(gradients) + list(fetches), fed=[p.name for p in graph.placeholders])
+        if fed is None:
+            fed = [p.name for p in graph.placeholders if p.op.attrs.get("default") is None]
+        replica = optimize(graph, list(gradients) + list(fetches), fed=list(fed))
         update = optimize(graph, [train_name], fed=gradients)
         fed_to_update = {op.name for op in update.operations if op.type == "placeholder"} - set(gradient_ops)
         if fed_to_update:
             raise ClusterError(
                 f"the update of {train_name!r} depends on placeholders {sorted(fed_to_update)}; "
                 "only the gradients may depend on the data"
+                + (" (batch norm's moving statistics are updated from each batch: training them on a cluster "
+                   "needs the batch moments all-reduced, which this strategy does not do)" if graph.updates else "")
             )
         feeds = tuple(op.name for op in replica.operations if op.type == "placeholder")
+        loss_kind, reductions = split_rule(graph, record, fetches, feeds)
         replica_vars = tuple(op.name for op in replica.operations if op.type == "variable")
         state_vars = tuple(sorted({op.name for op in update.operations if op.type == "variable"} | set(replica_vars)))
         device, options = worker_device(device, device_options or {})
@@ -151,7 +186,26 @@ class TrainingProgram:
             options,
             loss_scale=record.loss_scale,
             gradient_variables=tuple(v for _, v in record.gradients),
+            loss_reduction=loss_kind,
+            fetch_reductions=reductions,
+            check_numerics=bool(check_numerics),
         )
+
+
+def split_rule(graph: Graph, record, fetches, feeds) -> tuple[str, tuple]:
+    """How a fit's loss and fetches split across replicas (see :mod:`workbench.graph.batch_reduction`).
+
+    A record without a loss (``apply_gradients`` of the user's own gradients) is taken as a mean.
+    """
+    found = batch_reductions(graph, rows=feeds)
+    loss = loss_reduction(graph, record.loss, rows=feeds) if record.loss else "mean"
+    reductions = []
+    for name in fetches:
+        reduction = found[graph.get(name).name]
+        if not reduction.splits:
+            fetch_reduction(graph, name, rows=feeds)  # raises, naming the op
+        reductions.append(reduction)
+    return loss, tuple(reductions)
 
 
 WORKER_OPTIONS = ("memory_pool", "memory_limit", "fuse", "emulate")
@@ -275,30 +329,37 @@ def take_rows(source, index: np.ndarray) -> np.ndarray:
 def replica_gradients(
     program: TrainingProgram, state: dict, index: np.ndarray, weight: float, offset: int, *data
 ) -> dict:
-    """One replica's shard: gradients scaled by the shard's share of the global batch.
+    """One replica's shard: gradients weighted for the global batch's loss.
 
-    ``offset`` is where the shard starts in the global batch; ``data`` holds one
-    source per placeholder of ``program.feeds``, in order.
+    ``weight`` is the shard's share of the global batch's rows: the gradients are multiplied by it
+    when the loss is a mean over the rows, by 1 when it is a sum; mean fetches by it too (the others
+    combine by what they are, in :func:`reduce_pair`). ``offset`` is where the shard starts in the
+    global batch; ``data`` holds one source per placeholder of ``program.feeds``, in order.
     """
     started = time.perf_counter()
     plans = compiled(program)
     device = plans.device
     plans.replica_state.clear()
     plans.replica_state.update(plans.variables(state, program.replica_variables))
-    if (
-        program.loss_scale
-    ):  # scale the shard's mean loss by its share, so float16 overflows where the whole batch's does
+    share, weight = weight, program.gradient_weight(weight)
+    if program.loss_scale:  # scale the shard's loss by its weight, so float16 overflows where the whole batch's does
         plans.replica_state[program.loss_scale] = _scale(plans.replica_state[program.loss_scale], weight)
     rows = {name: device.put(take_rows(source, index)) for name, source in zip(program.feeds, data)}  # up once
     # random ops (dropout) draw per step, and per row of the global batch, however it is split
     feeds = [rows[name] for name in plans.replica.feed_names]
-    values = device.run(plans.replica, feeds, step=state["step"], row_offset=offset)
+    checked = program.check_numerics
+    values = device.run(plans.replica, feeds, check_numerics=checked, step=state["step"], row_offset=offset)
     n = len(program.gradients)
     grads = [_scale(g, weight) for g in values[:n]]
-    fetches = [device.xp.asarray(v) * weight for v in values[n:]]  # on the device until step_metrics
+    reductions = program.fetch_reductions or (None,) * (len(values) - n)
+    fetches = [  # on the device until step_metrics
+        device.xp.asarray(v) * share if r is None else weighted(r, device.xp.asarray(v), share)
+        for v, r in zip(values[n:], reductions, strict=True)
+    ]
     return {
         "grads": grads,
         "fetches": fetches,
+        "reductions": program.fetch_reductions,
         "compute": {_worker_address(): time.perf_counter() - started},
         "reduce_seconds": 0.0,
         "shards": 1,
@@ -309,13 +370,15 @@ def reduce_pair(a: dict, b: dict) -> dict:
     """The sum of two replicas' (or partial sums') results; always ``a`` first."""
     started = time.perf_counter()
     grads = [x + y for x, y in zip(a["grads"], b["grads"])]
-    fetches = [x + y for x, y in zip(a["fetches"], b["fetches"])]
+    reductions = a.get("reductions") or (None,) * len(a["fetches"])
+    fetches = [x + y if r is None else join(r, x, y) for x, y, r in zip(a["fetches"], b["fetches"], reductions)]
     compute = dict(a["compute"])
     for worker, seconds in b["compute"].items():
         compute[worker] = compute.get(worker, 0.0) + seconds
     return {
         "grads": grads,
         "fetches": fetches,
+        "reductions": a.get("reductions", ()),
         "compute": compute,
         "reduce_seconds": a["reduce_seconds"] + b["reduce_seconds"] + time.perf_counter() - started,
         "shards": a["shards"] + b["shards"],
@@ -329,7 +392,7 @@ def apply_update(program: TrainingProgram, state: dict, reduced: dict) -> dict:
     plans.update_state.clear()
     plans.update_state.update(plans.variables(state, state["variables"]))
     grads = reduced["grads"]
-    plans.device.run(plans.update, [grads[i] for i in plans.update_order])
+    plans.device.run(plans.update, [grads[i] for i in plans.update_order], check_numerics=program.check_numerics)
     return {
         "variables": dict(plans.update_state),
         "step": state["step"] + 1,

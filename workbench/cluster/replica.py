@@ -34,6 +34,7 @@ from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
 from workbench.errors import ClusterError, CollectiveError
+from workbench.graph.batch_reduction import Reduction, weighted
 from workbench.graph.compile import compile_plan
 from workbench.graph.core import Graph
 
@@ -97,6 +98,9 @@ class Replica:
         self.comm = communicator(group)
         self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}  # this replica's own arrays
         self.step = step
+        # the lease: the run holds this replica while its start task is wanted (the client that made it is
+        # connected and has not dropped it) and, with ``lease``, while a step comes within that many seconds
+        self.start_key, self.lease, self.used, self._running = None, 0.0, time.monotonic(), False
         self.failed: str | None = None
         self.turn = threading.Condition()
         self._settling: list = []  # the last step's all-reduces, until peers have read what they sent
@@ -169,13 +173,19 @@ class Replica:
         multiplied by on its way into its bucket; ``scale``: what the sum is multiplied by;
         ``fetch_weight``: the shard's share of the batch (its fetches are weighted by it).
         """
-        self._wait_turn(step)
+        self.used, self._running = time.monotonic(), True
+        try:
+            self._wait_turn(step)
+        except BaseException:
+            self._running = False
+            raise
         try:
             return self._run(step, rows, offset, weight, scale, fetch_weight, sync)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
         finally:
+            self.used, self._running = time.monotonic(), False
             with self.turn:
                 self.turn.notify_all()
 
@@ -198,7 +208,9 @@ class Replica:
         self.forward_state.clear()
         self.forward_state.update(self.variables)
         if program.loss_scale:  # as the parameter-server path: the shard's loss scaled by its share
-            self.forward_state[program.loss_scale] = self.variables[program.loss_scale] * fetch_weight
+            self.forward_state[program.loss_scale] = self.variables[program.loss_scale] * program.gradient_weight(
+                fetch_weight
+            )
         self._step, self._weight, self._scale = step, weight, scale
         self._packed = [False] * n
         self._missing = [len(b.gradients) for b in self.buckets]
@@ -206,10 +218,13 @@ class Replica:
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
         feeds = [take_rows(self.data[k], rows) for k in self.feed_order]
         # random ops (dropout) draw per step, and per row of the global batch, however it is split
-        values = self.forward.run(feeds, step=step - 1, row_offset=offset)
+        checked = program.check_numerics
+        values = self.forward.run(feeds, checked, step=step - 1, row_offset=offset)
         for i in range(n):  # gradients no plan step made (constants) go in now
             self._produced(i, values[i])
-        fetches = [np.array(v, copy=True) * fetch_weight for v in values[n:]]  # before the update changes variables
+        # copies before the update changes variables; a mean weighted by the shard's share, the rest as they are
+        reductions = program.fetch_reductions or (Reduction("mean"),) * (len(values) - n)
+        fetches = [weighted(r, np.array(v, copy=True), fetch_weight) for v, r in zip(values[n:], reductions)]
         computed = time.perf_counter()
         if not all(handle.done() for handle in self._handles):
             self._before_waiting()
@@ -217,7 +232,7 @@ class Replica:
             handle.summed(self.group.timeout)
         self._settling = self._handles
         reduced = time.perf_counter()
-        self.update.run([self.views[i] for i in self.update_order])
+        self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step
         result = {
             "step": step,
@@ -239,6 +254,10 @@ class Replica:
         :func:`leave_thread_pool`). Alone, the run keeps its thread: nothing else waits for peers."""
         if len(_REPLICAS) > 1 and self.comm.size > 1:
             leave_thread_pool()
+
+    def turn_busy(self) -> bool:
+        """Whether a step runs now (its lease does not end while it does)."""
+        return self._running
 
     def close(self) -> None:
         self.comm.close()
@@ -278,14 +297,24 @@ _LOCK = threading.Lock()
 
 
 def start_replica(
-    program: TrainingProgram, variables: dict, step: int, group: CollectiveGroup, bucket_bytes: int, *data
+    program: TrainingProgram,
+    variables: dict,
+    step: int,
+    group: CollectiveGroup,
+    bucket_bytes: int,
+    *data,
+    lease: float = 0.0,
 ) -> str:
     """Make this worker's replica of ``group``'s run (dropping older generations of the same run).
 
-    ``data``: one source per feed of the program (see :func:`take_rows`).
+    ``data``: one source per feed of the program (see :func:`take_rows`). The worker drops the replica
+    when the scheduler releases this task (its client left, or dropped the run) and, with ``lease``,
+    when no step came for that many seconds (see :func:`expired`).
     """
     run = group.token.rsplit(".", 1)[0]
     replica = Replica(program, variables, step, group, bucket_bytes, data)
+    replica.start_key, replica.lease = _current_key(), float(lease or 0.0)
+    _watch_leases()
     with _LOCK:
         for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(token).close()
@@ -317,6 +346,48 @@ def stop_replicas(token: str) -> None:
     with _LOCK:
         for t in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(t).close()
+
+
+def held_runs() -> list[str]:
+    """The tokens of the replicas this worker process holds (run with ``client.run``)."""
+    with _LOCK:
+        return sorted(_REPLICAS)
+
+
+def expired(replicas: dict, wanted, now: float) -> list[str]:
+    """The tokens of ``replicas`` whose lease ended: their start task is no longer among the ``wanted``
+    keys (the scheduler released it), or no step came within their ``lease`` seconds."""
+    out = []
+    for token, replica in replicas.items():
+        released = replica.start_key is not None and replica.start_key not in wanted
+        idle = replica.lease > 0 and now - replica.used > replica.lease and not replica.turn_busy()
+        if released or idle:
+            out.append(token)
+    return out
+
+
+LEASES = "workbench-replica-leases"
+
+
+def _watch_leases(period_ms: int = 1000) -> None:
+    """Once per worker: every ``period_ms``, drop the replicas whose lease ended (a no-op outside a worker)."""
+    try:
+        from distributed import get_worker
+
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return
+    if LEASES in worker.periodic_callbacks:
+        return
+    from tornado.ioloop import PeriodicCallback
+
+    def sweep():
+        with _LOCK:
+            for token in expired(_REPLICAS, worker.state.tasks, time.monotonic()):
+                _REPLICAS.pop(token).close()
+
+    callback = worker.periodic_callbacks[LEASES] = PeriodicCallback(sweep, period_ms)
+    worker.loop.add_callback(callback.start)
 
 
 def held_variables(token: str) -> dict:

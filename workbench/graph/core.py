@@ -180,6 +180,9 @@ class Graph:
         self.token = f"graph-{uuid.uuid4().hex[:12]}"  # identity in events (never reused, unlike id())
         # update-op name -> how an optimizer built that update (distributed training splits by it)
         self.training: dict[str, TrainingRecord] = {}
+        # state-update op name -> the tensor it accompanies (batch norm's moving statistics): an
+        # optimizer's minimize(loss) runs the updates of the tensors its loss depends on
+        self.updates: dict[str, str] = {}
         self.replaced_by: str | None = None  # how a newer graph took this one's place (see replaced())
 
     def replaced(self, how: str) -> None:

@@ -58,6 +58,8 @@ def graph_to_doc(graph: Graph) -> dict:
         doc["aliases"] = dict(graph.aliases)
     if graph.training:
         doc["training"] = {name: record.to_dict() for name, record in graph.training.items()}
+    if graph.updates:
+        doc["updates"] = dict(graph.updates)
     return doc
 
 
@@ -123,6 +125,13 @@ def graph_from_doc(doc, graph_cls: type[Graph]) -> Graph:
         raise FormatError('graph file has invalid "aliases"')
     graph.set_aliases(aliases)
     graph.training = _training(doc.get("training", {}), graph)
+    updates = doc.get("updates", {})
+    if not isinstance(updates, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k in graph and v.partition(":")[0] in graph
+        for k, v in updates.items()
+    ):
+        raise FormatError('graph file has invalid "updates": each names an update op and a tensor of the graph')
+    graph.updates = dict(updates)
     return graph
 
 

@@ -160,12 +160,16 @@ def cast_exactly(array, dtype: str, what: str):
                 raise FeedError(
                     f"{what} expects {dtype} values, got {array.dtype} value {int(value)} that {dtype} cannot hold"
                 )
-    with np.errstate(over="ignore"):  # an overflow is reported below, with the placeholder's name
+    # an overflow is reported below, with the placeholder's name. A finite sum means every
+    # value is finite (one reduction, no temporary): only a non-finite sum (an overflow, or
+    # an inf or NaN fed as such) needs the exact look
+    with np.errstate(over="ignore", invalid="ignore"):
         converted = array.astype(target)
-    if target.kind == "f" and array.size:
-        # array methods and operators only: the same code for NumPy and CuPy arrays
-        overflow = (abs(converted) == np.inf) & ~(abs(array) == np.inf)
-        if bool(overflow.any()):
-            value = array[overflow][0]
-            raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {value} that overflows {dtype}")
+        if target.kind != "f" or not array.size or bool(abs(converted.sum()) < np.inf):
+            return converted
+    # array methods and operators only: the same code for NumPy and CuPy arrays
+    overflow = (abs(converted) == np.inf) & ~(abs(array) == np.inf)
+    if bool(overflow.any()):
+        value = array[overflow][0]
+        raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {value} that overflows {dtype}")
     return converted
