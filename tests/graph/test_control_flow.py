@@ -59,7 +59,7 @@ def test_scan_over_8_steps_equals_the_unrolled_graph_in_values_and_gradients():
     for unrolled in (False, True):
         g, fetches, feeds = rnn_graph(unrolled)
         values.append(wb.Session(g, seed=0).run(fetches, feeds))
-    for got, expected in zip(*values):
+    for got, expected in zip(*values, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     g, fetches, _ = rnn_graph(False)
     assert [op.type for op in g.operations].count("scan") == 2  # the loop and its gradient loop
@@ -262,7 +262,7 @@ def test_graphs_with_control_flow_round_trip_through_json_as_data(tmp_path):
     for flag in (True, False):
         a = sess_a.run(names, {**feeds, "p": flag})
         b = sess_b.run(names, {**feeds, "p": flag})
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
     assert loaded.to_json() == text
 
@@ -330,3 +330,23 @@ def test_dropout_in_a_scan_body_keeps_one_mask_across_steps_and_in_the_gradient(
     mask = ys_v[0]
     assert all(np.array_equal(row, mask) for row in ys_v)  # the same draw at every step of a run
     np.testing.assert_allclose(dx_v, 2 * np.broadcast_to(mask, (5, 40)))
+
+
+def test_how_a_loss_through_scan_and_cond_reduces_over_the_batch(graph):
+    from workbench.graph.batch_reduction import fetch_reduction, loss_reduction
+
+    x = wb.placeholder("x", shape=(None, 5, 3))
+    w = wb.variable("w", shape=(3, 3))
+    h, hs = wb.scan(
+        lambda h, xt: (wb.tanh(wb.matmul(h, w) + xt), h), wb.transpose(x, (1, 0, 2)), wb.zeros_like(x[:, 0])
+    )
+    training = wb.placeholder("training", shape=(), dtype="bool")
+    y = wb.cond(training, lambda: h * 2.0, lambda: h)
+    assert loss_reduction(graph, wb.mean(y)) == "mean" and loss_reduction(graph, wb.sum(hs)) == "sum"
+    assert fetch_reduction(graph, hs).axis == 1  # (steps, batch, features): the rows along axis 1
+    over_rows, _ = wb.scan(lambda c, row: (c + wb.sum(row), None), x, wb.constant(0.0))
+    with pytest.raises(wb.ClusterError, match="of type 'scan'.*it scans over the rows of the batch"):
+        loss_reduction(graph, over_rows)
+    picked = wb.cond(wb.sum(x) > 0.0, lambda: wb.mean(x), lambda: wb.mean(x * 2.0))
+    with pytest.raises(wb.ClusterError, match="cannot be split across replicas exactly: it applies 'greater'"):
+        loss_reduction(graph, picked)

@@ -221,7 +221,7 @@ def placeholder_in(body: Graph, name: str, spec: TensorSpec) -> Tensor:
 def clone(body: Body, graph: Graph, inputs) -> list[Tensor]:
     """The ops of ``body`` added to ``graph`` with ``inputs`` (one per body input) in place of its
     placeholders; returns the copies of its outputs."""
-    by_name = dict(zip(body.inputs, inputs))
+    by_name = dict(zip(body.inputs, inputs, strict=True))
     tensors: dict = {}
     ops_: dict = {}
     for op in body.graph.operations:
@@ -235,7 +235,7 @@ def clone(body: Body, graph: Graph, inputs) -> list[Tensor]:
             attrs = {**attrs, "seed": zlib.crc32(op.name.encode())}
         copy = graph.add_op(op.type, [tensors[t] for t in op.inputs], attrs, name, control, op.source)
         ops_[op] = copy
-        tensors.update(zip(op.outputs, copy.outputs))
+        tensors.update(zip(op.outputs, copy.outputs, strict=True))
     return [tensors[body.graph.get(n)] for n in body.outputs]
 
 
@@ -260,7 +260,7 @@ def merged(a: TensorSpec, b: TensorSpec) -> TensorSpec:
     """What both specs promise: sizes they agree on, None elsewhere."""
     if a.shape is None or b.shape is None:
         return TensorSpec(None, a.dtype)
-    return TensorSpec(tuple(x if x == y else None for x, y in zip(a.shape, b.shape)), a.dtype)
+    return TensorSpec(tuple(x if x == y else None for x, y in zip(a.shape, b.shape, strict=True)), a.dtype)
 
 
 def bodies_of(op) -> list[tuple[str, Body]]:

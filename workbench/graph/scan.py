@@ -159,10 +159,10 @@ def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, seed_sc
         if ys is None:
             ys = [_stacked(xp, steps, y) for y in out[carries:]]
             history = [_stacked(xp, steps, c) for c in carry]
-        for stack, value in zip(history, carry):
+        for stack, value in zip(history, carry, strict=True):
             stack[t, ...] = value
         carry = out[:carries]
-        for stack, value in zip(ys, out[carries:]):
+        for stack, value in zip(ys, out[carries:], strict=True):
             stack[t, ...] = value
     result = (*carry, *ys, *history)
     return result[0] if len(result) == 1 else result
@@ -209,9 +209,9 @@ def _scan_grad(op, *grads):
             g_carry + gy_t,
         )
         d_carry, d_x, d_k = d[: len(fc)], d[len(fc) : len(fc) + len(fx)], d[len(fc) + len(fx) :]
-        for i, extra in zip(fh, gh_t):
+        for i, extra in zip(fh, gh_t, strict=True):
             d_carry[fc.index(i)] = d_carry[fc.index(i)] + extra
-        new_acc = [total + part for total, part in zip(acc, d_k)]
+        new_acc = [total + part for total, part in zip(acc, d_k, strict=True)]
     placeholders = g_carry + acc + x_t + c_t + gy_t + gh_t + k_t
     bw_body = Body(bw, [t.op.name for t in placeholders], [t.name for t in d_carry + new_acc + d_x])
     start = [ops.zeros_like(final[i]) if g_final[i] is None else g_final[i] for i in fc]
@@ -246,7 +246,7 @@ def _body_gradients(ys, xs, grad_ys):
     from workbench.graph.gradients import gradients
 
     found = gradients(ys, xs, grad_ys=grad_ys) if ys and xs else [None] * len(xs)
-    return [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found)]
+    return [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found, strict=True)]
 
 
 defop(
