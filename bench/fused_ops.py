@@ -70,7 +70,7 @@ def workbench_step(fn, shapes):
         y = fn(*xs)
         loss = wb.sum(y * wb.constant(rng.standard_normal(y.shape).astype(np.float32)))
         grads = wb.gradients(loss, xs)
-    feeds = {x: rng.standard_normal(s).astype(np.float32) for x, s in zip(xs, shapes)}
+    feeds = {x: rng.standard_normal(s).astype(np.float32) for x, s in zip(xs, shapes, strict=True)}
     sess = wb.Session(g)
     fetches = [loss, *grads]
     return lambda: sess.run(fetches, feeds)
@@ -140,7 +140,7 @@ def main():
                 steps.append(torch_step(name, shapes))
             times = [[] for _ in steps]
             for _ in range(args.rounds):
-                for t, step in zip(times, steps):
+                for t, step in zip(times, steps, strict=True):
                     t.append(rate(step))
             med = [statistics.median(t) * 1e3 for t in times]
             theirs = f"{med[2]:.2f} | {med[2] / med[0]:.2f}x" if torch is not None else "- | -"

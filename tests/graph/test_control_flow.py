@@ -59,7 +59,7 @@ def test_scan_over_8_steps_equals_the_unrolled_graph_in_values_and_gradients():
     for unrolled in (False, True):
         g, fetches, feeds = rnn_graph(unrolled)
         values.append(wb.Session(g, seed=0).run(fetches, feeds))
-    for got, expected in zip(*values):
+    for got, expected in zip(*values, strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
     g, fetches, _ = rnn_graph(False)
     assert [op.type for op in g.operations].count("scan") == 2  # the loop and its gradient loop
@@ -221,12 +221,28 @@ def test_scan_carry_changes_name_the_op_and_the_line(graph):
         wb.scan(lambda c, x: (c, None), (xs, wb.placeholder("ys", shape=(4,))), wb.constant(0.0))
 
 
-def test_a_body_may_not_update_variables_or_draw_random_numbers(graph):
+def test_a_body_may_not_update_variables(graph):
     v = wb.variable("v", shape=(3,), init="zeros")
     with pytest.raises(wb.GraphError, match="scan body 'scan/body': assign_add .* updates a variable"):
         wb.scan(lambda c, x: (c, wb.assign_add(v, x)), wb.constant(np.ones((2, 3), np.float32)), wb.constant(0.0))
-    with pytest.raises(wb.GraphError, match="cond body 'cond/true': dropout .* draws random numbers"):
-        wb.cond(wb.constant(True), lambda: wb.dropout(v, 0.5), lambda: v)
+
+
+def test_dropout_in_a_branch_draws_per_run_and_its_gradient_uses_the_same_mask(graph):
+    training = wb.placeholder("training", shape=(), dtype="bool")
+    x = wb.placeholder("x", shape=(None, 50), dtype="float64")
+    y = wb.cond(training, lambda: wb.dropout(x, 0.5), lambda: x)
+    (dx,) = wb.gradients(wb.sum(y * 3.0), [x])
+    sess = wb.Session(graph, seed=1)
+    value = np.random.default_rng(0).uniform(1, 2, (4, 50))
+    runs = [sess.run([y, dx], {training: True, x: value}) for _ in range(2)]
+    for y_v, d_v in runs:
+        mask = y_v / value
+        assert set(np.round(np.unique(mask), 12)) == {0.0, 2.0}
+        np.testing.assert_allclose(d_v, 3.0 * mask)
+    assert not np.array_equal(runs[0][0], runs[1][0])  # a new mask each run
+    again = wb.Session(graph, seed=1).run([y, dx], {training: True, x: value})
+    np.testing.assert_array_equal(again[0], runs[0][0])  # the same seed, the same first mask
+    np.testing.assert_array_equal(sess.run(y, {training: False, x: value}), value)
 
 
 def test_graphs_with_control_flow_round_trip_through_json_as_data(tmp_path):
@@ -246,7 +262,7 @@ def test_graphs_with_control_flow_round_trip_through_json_as_data(tmp_path):
     for flag in (True, False):
         a = sess_a.run(names, {**feeds, "p": flag})
         b = sess_b.run(names, {**feeds, "p": flag})
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(x, y)
     assert loaded.to_json() == text
 
@@ -290,3 +306,47 @@ def test_each_plan_compiles_its_bodies_once_when_it_is_built(graph):
     assert (true_body.compiled, false_body.compiled) == (1, 1)
     sess.run([y, x * 3.0], {x: np.ones(4, np.float32), p: True})  # other fetches: another plan, its own sub-plans
     assert (true_body.compiled, false_body.compiled) == (2, 2)
+
+
+def test_dropouts_in_two_branches_draw_different_masks(graph):
+    training = wb.placeholder("training", shape=(), dtype="bool")
+    x = wb.constant(np.ones((8, 64)))
+    a = wb.cond(training, lambda: wb.dropout(x, 0.5), lambda: x)
+    b = wb.cond(training, lambda: wb.dropout(x, 0.5), lambda: x)
+    got_a, got_b = wb.Session(graph).run([a, b], {training: True})
+    assert not np.array_equal(got_a, got_b)
+
+
+def test_dropout_in_a_scan_body_keeps_one_mask_across_steps_and_in_the_gradient(graph):
+    x = wb.placeholder("x", shape=(5, 40), dtype="float64")
+
+    def step(c, xt):
+        d = wb.dropout(xt, 0.5)
+        return c + d, d
+
+    h, ys = wb.scan(step, x, wb.zeros_like(x[0]))
+    (dx,) = wb.gradients(wb.sum(h) + wb.sum(ys), [x])
+    h_v, ys_v, dx_v = wb.Session(graph, seed=2).run([h, ys, dx], {x: np.ones((5, 40))})
+    mask = ys_v[0]
+    assert all(np.array_equal(row, mask) for row in ys_v)  # the same draw at every step of a run
+    np.testing.assert_allclose(dx_v, 2 * np.broadcast_to(mask, (5, 40)))
+
+
+def test_how_a_loss_through_scan_and_cond_reduces_over_the_batch(graph):
+    from workbench.graph.batch_reduction import fetch_reduction, loss_reduction
+
+    x = wb.placeholder("x", shape=(None, 5, 3))
+    w = wb.variable("w", shape=(3, 3))
+    h, hs = wb.scan(
+        lambda h, xt: (wb.tanh(wb.matmul(h, w) + xt), h), wb.transpose(x, (1, 0, 2)), wb.zeros_like(x[:, 0])
+    )
+    training = wb.placeholder("training", shape=(), dtype="bool")
+    y = wb.cond(training, lambda: h * 2.0, lambda: h)
+    assert loss_reduction(graph, wb.mean(y)) == "mean" and loss_reduction(graph, wb.sum(hs)) == "sum"
+    assert fetch_reduction(graph, hs).axis == 1  # (steps, batch, features): the rows along axis 1
+    over_rows, _ = wb.scan(lambda c, row: (c + wb.sum(row), None), x, wb.constant(0.0))
+    with pytest.raises(wb.ClusterError, match="of type 'scan'.*it scans over the rows of the batch"):
+        loss_reduction(graph, over_rows)
+    picked = wb.cond(wb.sum(x) > 0.0, lambda: wb.mean(x), lambda: wb.mean(x * 2.0))
+    with pytest.raises(wb.ClusterError, match="cannot be split across replicas exactly: it applies 'greater'"):
+        loss_reduction(graph, picked)

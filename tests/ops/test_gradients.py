@@ -290,7 +290,8 @@ GRADIENT_CASES.update({
         Case(lambda p, x, y: wb.cond(p, lambda: x * y, lambda: wb.exp(x)), (np.array(v), normal(r, 3), normal(r, 3)))
         for v in (True, False)
     ] + [Case(lambda p, x, y: wb.cond(p, lambda: (x, y * 2.0), lambda: (y, x * x)), (np.array(v), normal(r, 2), normal(r, 2)))
-         for v in (True, False)],
+         for v in (True, False)]
+      + [Case(lambda p, x: wb.cond(p, lambda: wb.dropout(x, 0.5), lambda: x), (np.array(True), normal(r, 4, 5)), fresh=True)],
 })  # fmt: skip
 
 ZERO_BY_DEFINITION = {"stop_gradient"}  # the gradient is zero whatever finite differences say
@@ -454,7 +455,7 @@ SECOND_ORDER = (
 )  # fmt: skip
 SECOND_ORDER += ("erf", "rsqrt", "square", "clip", "moments", "avg_pool2d", "avg_pool2d_grad", "pad", "pad_grad",
                  "cumsum", "scatter_add", "scan", "cond")  # fmt: skip
-SECOND_CASES = [(n, i, c) for n, i, c in CASES if n in SECOND_ORDER or (n == "concat" and not c.dynamic)]
+SECOND_CASES = [(n, i, c) for n, i, c in CASES if (n in SECOND_ORDER and not c.fresh) or (n == "concat" and not c.dynamic)]
 
 
 @pytest.mark.parametrize("name, i, case", SECOND_CASES, ids=[_id(n, i) for n, i, _ in SECOND_CASES])

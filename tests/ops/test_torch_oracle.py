@@ -48,7 +48,9 @@ def run_workbench(fn, inputs, weights):
             tensors.append(t)
         outs = as_tuple(fn(*tensors))
         floats = [o for o in outs if o.dtype == "float64"]
-        loss = sum(wb.sum(o * wb.constant(w)) for o, w in zip(floats, weights))
+        loss = sum(
+            wb.sum(o * wb.constant(w)) for o, w in zip(floats, weights, strict=False)
+        )  # weights: at least one per output
         grads = wb.gradients(loss, wrt)
     values = wb.Session(g).run(list(outs) + grads, feeds)
     return values[: len(outs)], values[len(outs) :]
@@ -58,10 +60,12 @@ def run_torch(fn, inputs, weights):
     tensors = [torch.tensor(v, requires_grad=v.dtype == np.float64) for v in inputs]
     outs = as_tuple(fn(*tensors))
     floats = [o for o in outs if o.dtype == torch.float64]
-    loss = sum((o * torch.tensor(w)).sum() for o, w in zip(floats, weights))
+    loss = sum(
+        (o * torch.tensor(w)).sum() for o, w in zip(floats, weights, strict=False)
+    )  # weights: at least one per output
     wrt = [t for t in tensors if t.requires_grad]
     grads = torch.autograd.grad(loss, wrt, allow_unused=True)
-    grads = [torch.zeros_like(t) if d is None else d for t, d in zip(wrt, grads)]
+    grads = [torch.zeros_like(t) if d is None else d for t, d in zip(wrt, grads, strict=True)]
     return [o.detach().numpy() for o in outs], [d.numpy() for d in grads]
 
 
@@ -72,13 +76,13 @@ def check(wb_fn, torch_fn, *inputs):
     expected, expected_grads = run_torch(torch_fn, inputs, weights)
     got, got_grads = run_workbench(wb_fn, inputs, weights)
     assert len(got) == len(expected)
-    for g, e in zip(got, expected):
+    for g, e in zip(got, expected, strict=True):
         if e.dtype == np.float64:
             np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-10)
         else:
             np.testing.assert_array_equal(g, e)
     assert len(got_grads) == len(expected_grads)
-    for g, e in zip(got_grads, expected_grads):
+    for g, e in zip(got_grads, expected_grads, strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-9, atol=1e-9)
 
 

@@ -254,7 +254,64 @@ def _rule(op: Operation, ins: list[Reduction]) -> Reduction:
         return x
     if op.opdef.elementwise:
         return _elementwise(op, ins)
+    if t == "scan":
+        return _scan(op, ins)
+    if t == "cond":
+        return _cond(op, ins)
     return _mixed(op, f"'{t}' is not known to keep the rows apart")
+
+
+def _body(body, ins: list[Reduction]) -> list[Reduction]:
+    """The reductions of a control-flow body's outputs, its inputs reducing as ``ins``."""
+    found = _walk(body.graph, dict(zip(body.inputs, ins, strict=True)))
+    return [found[n] for n in body.outputs]
+
+
+def _stacked(r: Reduction) -> Reduction:
+    """A per-step value stacked along a new axis 0 (a scan's outputs and carries)."""
+    return Reduction("rows", r.axis + 1) if r.kind == "rows" else r
+
+
+def _scan(op: Operation, ins: list[Reduction]) -> tuple[Reduction, ...] | Reduction:
+    """``scan``: the body, run with its carries' reductions until they stop changing (rows scanned
+    over axis 0 would mix them); the outputs stacked per step."""
+    nc, ns = op.attrs["carries"], op.attrs["sequences"]
+    steps = []
+    for r in ins[nc : nc + ns]:
+        if r.kind == "rows" and r.axis == 0:
+            return _mixed(op, "scans over the rows of the batch")
+        if r.kind not in ("rows", "same"):
+            return _mixed(op, "scans over values reduced over the rows")
+        steps.append(Reduction("rows", r.axis - 1) if r.kind == "rows" else SAME)
+    carry = list(ins[:nc])
+    for _ in range(nc + 1):
+        outs = _body(op.attrs["body"], carry + steps + list(ins[nc + ns :]))
+        mixed = next((r for r in outs if r.kind == "mixed"), None)
+        if mixed is not None:
+            return mixed
+        if outs[:nc] == carry:
+            break
+        if any(c != o and c.kind != "same" for c, o in zip(carry, outs[:nc], strict=True)):
+            return _mixed(op, "has a carry that changes how it depends on the rows from one step to the next")
+        carry = outs[:nc]
+    else:
+        return _mixed(op, "has carries whose dependence on the rows does not settle")
+    found = (*carry, *(_stacked(r) for r in outs[nc:]), *(_stacked(r) for r in carry))
+    return found[0] if len(found) == 1 else found
+
+
+def _cond(op: Operation, ins: list[Reduction]) -> tuple[Reduction, ...] | Reduction:
+    """``cond``: both branches must depend on the rows alike, and the choice must not depend on them."""
+    if ins[0].kind != "same":
+        return _mixed(op, "picks a branch by a value that depends on the rows")
+    branches = [_body(op.attrs[key], list(ins[1:])) for key in ("true_body", "false_body")]
+    for outs in branches:
+        mixed = next((r for r in outs if r.kind == "mixed"), None)
+        if mixed is not None:
+            return mixed
+    if branches[0] != branches[1]:
+        return _mixed(op, "has branches that depend on the rows differently")
+    return branches[0][0] if len(branches[0]) == 1 else tuple(branches[0])
 
 
 def batch_reductions(graph: Graph, rows: Iterable[str] | None = None) -> dict[str, Reduction]:
@@ -264,19 +321,29 @@ def batch_reductions(graph: Graph, rows: Iterable[str] | None = None) -> dict[st
     placeholder of rank 1 or more.
     """
     fed = None if rows is None else set(rows)
-    out: dict[str, Reduction] = {}
+    start = {}
     for op in graph.operations:
         if op.type == "placeholder":
             is_rows = op.outputs[0].ndim >= 1 if fed is None else op.name in fed
-            found = Reduction("rows", 0) if is_rows else SAME
+            start[op.name] = Reduction("rows", 0) if is_rows else SAME
+    return _walk(graph, start)
+
+
+def _walk(graph: Graph, start: dict[str, Reduction]) -> dict[str, Reduction]:
+    """Every tensor's reduction, the placeholders' given by ``start`` (a control-flow body's too)."""
+    out: dict[str, Reduction] = {}
+    for op in graph.operations:
+        if op.type == "placeholder":
+            found = start.get(op.name, SAME)
         elif op.type in ("variable", "constant") or not op.inputs:
             found = SAME
         else:
             ins = [out.get(t.name, SAME) for t in op.inputs]
             mixed = next((r for r in ins if r.kind == "mixed"), None)
             found = mixed if mixed is not None else _rule(op, ins)
-        for t in op.outputs:
-            out[t.name] = found
+        per_output = found if isinstance(found, tuple) else (found,) * len(op.outputs)  # scan, cond: one each
+        for t, r in zip(op.outputs, per_output, strict=True):
+            out[t.name] = r
     return out
 
 

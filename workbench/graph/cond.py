@@ -80,7 +80,7 @@ def _body(body: BodyGraph, operands, outputs) -> Body:
 # -- the registry entry -------------------------------------------------------------------------
 
 
-def _cond_spec(pred, *operands, true_body, false_body):
+def _cond_spec(pred, *operands, true_body, false_body, seed_scope=None):
     if pred.dtype != "bool" or (pred.shape is not None and pred.shape != ()):
         shape = "any shape" if pred.shape is None else rules.fmt(pred.shape)
         raise DTypeError(f"pred must be a bool scalar, got {shape} {pred.dtype}")
@@ -92,16 +92,16 @@ def _cond_spec(pred, *operands, true_body, false_body):
     a, b = true_body.output_specs, false_body.output_specs
     if len(a) != len(b):
         raise ShapeError(f"true_fn returns {len(a)} tensors but false_fn returns {len(b)}")
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
         if not same_spec(x, y):
             raise ShapeError(
                 f"output {i} is {spec_text(x)} in true_fn but {spec_text(y)} in false_fn; "
                 "both branches must return the same dtypes and shapes"
             )
-    return tuple(merged(x, y) for x, y in zip(a, b))
+    return tuple(merged(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _cond_kernel(xp, pred, *operands, true_body, false_body, plans=None):
+def _cond_kernel(xp, pred, *operands, true_body, false_body, seed_scope=None, plans=None):
     taken = bool(pred)  # on a GPU, one device-to-host read
     if plans:
         plan = plans[0] if taken else plans[1]
@@ -128,9 +128,11 @@ def _cond_grad(op, *grads):
                 outs = clone(body, grad_body, held)
             xs = [held[k] for k in floats]
             found = gradients([outs[i] for i in wanted], xs, grad_ys=g_out)
-            found = [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found)]
+            found = [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found, strict=True)]
         bodies.append(Body(grad_body, [t.op.name for t in held + g_out], [t.name for t in found]))
-    outs = apply("cond", pred, *operands, *(grads[i] for i in wanted), true_body=bodies[0], false_body=bodies[1])
+    scope = op.attrs.get("seed_scope") or op.name  # the branches' copies draw what the forward branches drew
+    outs = apply("cond", pred, *operands, *(grads[i] for i in wanted), true_body=bodies[0], false_body=bodies[1],
+                 seed_scope=scope)  # fmt: skip
     # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
     outs = tuple(ops.identity(t) for t in (outs if isinstance(outs, tuple) else (outs,)))
     result: list[Tensor | None] = [None] * len(op.inputs)

@@ -6,7 +6,9 @@ still plain data: it saves to JSON with its bodies, and loading runs no code.
 
 A body is built by calling the user's function once, inside a :class:`BodyGraph`:
 tensors of the enclosing graphs that the function uses become inputs of the op
-(captured), variables it creates go to the outermost graph. The plan compiler
+(captured), variables it creates go to the outermost graph; it may not update variables, and
+its random ops (dropout) draw from the enclosing run's seed and step, the same at every step of
+a scan and again in the gradient's copy of the body. The plan compiler
 compiles each body once into a sub-plan (``OpDef.bodies``); ``scan`` runs it once
 per step, ``cond`` runs only the chosen branch's.
 
@@ -17,6 +19,8 @@ every step are a hidden output of the forward op); the gradient of ``cond`` is a
 """
 
 from __future__ import annotations
+
+import zlib
 
 from workbench.errors import FormatError, GraphError
 from workbench.graph import serialize
@@ -65,12 +69,11 @@ class BodyGraph(Graph):
             full = "/".join(self._scopes + [name or op_type])
             return root.add_op(op_type, inputs, attrs, name=full, control_inputs=control_inputs, source=source)
         opdef = get_op(op_type)
-        if opdef.stateful or opdef.random:
-            what = "updates a variable" if opdef.stateful else "draws random numbers"
+        if opdef.stateful:
             where = f"\n  {source}" if source else ""
             raise GraphError(
-                f"{self.kind} body {self.name!r}: {op_type} {name or op_type!r} {what}, which a {self.kind} body "
-                f"cannot do; compute it outside the {self.kind}{where}"
+                f"{self.kind} body {self.name!r}: {op_type} {name or op_type!r} updates a variable, which a "
+                f"{self.kind} body cannot do; update it outside the {self.kind}{where}"
             )
         return super().add_op(op_type, inputs, attrs, name, control_inputs, source)
 
@@ -99,11 +102,12 @@ class Body:
     def output_specs(self) -> list[TensorSpec]:
         return [self.graph.get(n).spec for n in self.outputs]
 
-    def compile(self, xp, compilers=()) -> SubPlan:
+    def compile(self, xp, compilers=(), seed: int = 0) -> SubPlan:
         """A new sub-plan running this body with namespace ``xp``, pruned and optimized: what a plan
-        makes once for each body of its ops, when it is built (plans are cached, so are they)."""
+        makes once for each body of its ops, when it is built (plans are cached, so are they).
+        ``seed`` is the plan's: random ops in the body draw as they would in the plan."""
         self.compiled += 1
-        return SubPlan(self, xp, compilers)
+        return SubPlan(self, xp, compilers, seed)
 
     def cached(self, xp) -> SubPlan:
         """A sub-plan for ``xp`` kept with the body: for a kernel called outside a plan (constant folding)."""
@@ -132,8 +136,8 @@ class Body:
             if not isinstance(name, str) or name.partition(":")[0] not in graph or not hasattr(graph.get(name), "op"):
                 raise FormatError(f"body output {name!r} is not a tensor of the body")
         for op in graph.operations:
-            if op.opdef.stateful or op.opdef.random:
-                raise FormatError(f"body op {op.name!r} ({op.type}) updates state or draws random numbers")
+            if op.opdef.stateful:
+                raise FormatError(f"body op {op.name!r} ({op.type}) updates a variable")
             if op.type == "placeholder" and op.name not in doc["inputs"]:
                 raise FormatError(f"body placeholder {op.name!r} is not one of its inputs")
         return cls(graph, doc["inputs"], doc["outputs"])
@@ -148,17 +152,18 @@ serialize.DECODERS["body"] = Body.from_doc
 class SubPlan:
     """A body compiled for one array namespace: ``run(arrays)`` takes one array per body input."""
 
-    def __init__(self, body: Body, xp, compilers=()):
+    def __init__(self, body: Body, xp, compilers=(), seed: int = 0):
         from workbench.graph.passes import optimize
         from workbench.graph.plan import Plan
 
         graph = optimize(body.graph, list(body.outputs), fed=list(body.inputs))
         fed = [n for n in body.inputs if n in graph]
         self.positions = [body.inputs.index(n) for n in fed]
-        self.plan = Plan(graph, list(body.outputs), fed, xp, {}, compilers=compilers)
+        self.plan = Plan(graph, list(body.outputs), fed, xp, {}, seed=seed, compilers=compilers)
 
-    def run(self, arrays) -> list:
-        return self.plan.run([arrays[i] for i in self.positions])
+    def run(self, arrays, *, step: int = 0, row_offset: int = 0) -> list:
+        """The body's outputs; ``step`` and ``row_offset`` are the enclosing run's (random draws)."""
+        return self.plan.run([arrays[i] for i in self.positions], step=step, row_offset=row_offset)
 
 
 # -- helpers of cond and scan -------------------------------------------------------------------
@@ -216,7 +221,7 @@ def placeholder_in(body: Graph, name: str, spec: TensorSpec) -> Tensor:
 def clone(body: Body, graph: Graph, inputs) -> list[Tensor]:
     """The ops of ``body`` added to ``graph`` with ``inputs`` (one per body input) in place of its
     placeholders; returns the copies of its outputs."""
-    by_name = dict(zip(body.inputs, inputs))
+    by_name = dict(zip(body.inputs, inputs, strict=True))
     tensors: dict = {}
     ops_: dict = {}
     for op in body.graph.operations:
@@ -225,9 +230,12 @@ def clone(body: Body, graph: Graph, inputs) -> list[Tensor]:
             continue
         control = [ops_[c] for c in op.control_inputs if c in ops_]
         name = op.name.rsplit("/", 1)[-1]
-        copy = graph.add_op(op.type, [tensors[t] for t in op.inputs], op.attrs, name, control, op.source)
+        attrs = op.attrs
+        if op.opdef.random and attrs.get("seed") is None:  # the copy draws what the original drew
+            attrs = {**attrs, "seed": zlib.crc32(op.name.encode())}
+        copy = graph.add_op(op.type, [tensors[t] for t in op.inputs], attrs, name, control, op.source)
         ops_[op] = copy
-        tensors.update(zip(op.outputs, copy.outputs))
+        tensors.update(zip(op.outputs, copy.outputs, strict=True))
     return [tensors[body.graph.get(n)] for n in body.outputs]
 
 
@@ -252,7 +260,7 @@ def merged(a: TensorSpec, b: TensorSpec) -> TensorSpec:
     """What both specs promise: sizes they agree on, None elsewhere."""
     if a.shape is None or b.shape is None:
         return TensorSpec(None, a.dtype)
-    return TensorSpec(tuple(x if x == y else None for x, y in zip(a.shape, b.shape)), a.dtype)
+    return TensorSpec(tuple(x if x == y else None for x, y in zip(a.shape, b.shape, strict=True)), a.dtype)
 
 
 def bodies_of(op) -> list[tuple[str, Body]]:

@@ -149,6 +149,8 @@ def _foldable(op: Operation, inputs) -> bool:
         return False
     if len(op.outputs) != 1:
         return False
+    if opdef.bodies:  # control flow: its bodies may draw random numbers, a new draw each run
+        return False
     size = rules.num_elements(op.outputs[0].shape) if op.outputs[0].shape is not None else None
     if size is None or size > FOLD_LIMIT:
         return False

@@ -151,7 +151,10 @@ class Plan:
         if op.type == FUSED and self._compilers:
             attrs = {**attrs, "compilers": self._compilers}
         if opdef.bodies:  # control flow: each body compiled once, here, into a sub-plan the kernel runs
-            attrs = {**attrs, "plans": tuple(attrs[key].compile(xp, self._compilers) for key in opdef.bodies)}
+            # seeded by the op (or the forward op a gradient copies): two dropouts in two branches differ
+            seed = zlib.crc32(f"{self.seed}/{attrs.get('seed_scope') or op.name}".encode())
+            subs = (attrs[key].compile(xp, self._compilers, seed=seed) for key in opdef.bodies)
+            attrs = {**attrs, "plans": tuple(_InRun(sub, self) for sub in subs)}
         kernel = functools.partial(opdef.kernel, xp, **attrs) if attrs else functools.partial(opdef.kernel, xp)
         if opdef.random:
             op_seed = attrs.get("seed")
@@ -416,6 +419,19 @@ class Plan:
 
     def __repr__(self) -> str:
         return f"<Plan of {len(self.steps)} kernel calls, {len(self.template)} slots>"
+
+
+class _InRun:
+    """A body's sub-plan as the kernel of a control-flow op runs it: with the enclosing run's step and
+    row offset, so random ops in the body draw as they would in the plan itself."""
+
+    __slots__ = ("sub", "plan")
+
+    def __init__(self, sub, plan: Plan):
+        self.sub, self.plan = sub, plan
+
+    def run(self, arrays) -> list:
+        return self.sub.run(arrays, step=self.plan._step, row_offset=self.plan._row_offset)
 
 
 def kernel_error(op: Operation, error: Exception) -> ExecutionError:

@@ -110,7 +110,7 @@ def _step_spec(t, label, i) -> TensorSpec:
 # -- the registry entry -------------------------------------------------------------------------
 
 
-def _scan_spec(*specs, body, carries, sequences, reverse, length):
+def _scan_spec(*specs, body, carries, sequences, reverse, length, seed_scope=None):
     init, xs, captured = specs[:carries], specs[carries : carries + sequences], specs[carries + sequences :]
     steps = length
     if length is not None and length < 0:
@@ -144,7 +144,7 @@ def _scan_spec(*specs, body, carries, sequences, reverse, length):
     return (*init, *stacked, *history)
 
 
-def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, plans=None):
+def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, seed_scope=None, plans=None):
     run = (plans[0] if plans else body.cached(xp)).run
     carry = list(arrays[:carries])
     xs, captured = arrays[carries : carries + sequences], list(arrays[carries + sequences :])
@@ -159,10 +159,10 @@ def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, plans=N
         if ys is None:
             ys = [_stacked(xp, steps, y) for y in out[carries:]]
             history = [_stacked(xp, steps, c) for c in carry]
-        for stack, value in zip(history, carry):
+        for stack, value in zip(history, carry, strict=True):
             stack[t, ...] = value
         carry = out[:carries]
-        for stack, value in zip(ys, out[carries:]):
+        for stack, value in zip(ys, out[carries:], strict=True):
             stack[t, ...] = value
     result = (*carry, *ys, *history)
     return result[0] if len(result) == 1 else result
@@ -209,9 +209,9 @@ def _scan_grad(op, *grads):
             g_carry + gy_t,
         )
         d_carry, d_x, d_k = d[: len(fc)], d[len(fc) : len(fc) + len(fx)], d[len(fc) + len(fx) :]
-        for i, extra in zip(fh, gh_t):
+        for i, extra in zip(fh, gh_t, strict=True):
             d_carry[fc.index(i)] = d_carry[fc.index(i)] + extra
-        new_acc = [total + part for total, part in zip(acc, d_k)]
+        new_acc = [total + part for total, part in zip(acc, d_k, strict=True)]
     placeholders = g_carry + acc + x_t + c_t + gy_t + gh_t + k_t
     bw_body = Body(bw, [t.op.name for t in placeholders], [t.name for t in d_carry + new_acc + d_x])
     start = [ops.zeros_like(final[i]) if g_final[i] is None else g_final[i] for i in fc]
@@ -227,6 +227,7 @@ def _scan_grad(op, *grads):
         sequences=len(seqs),
         reverse=not a["reverse"],
         length=a["length"],
+        seed_scope=a.get("seed_scope") or op.name,  # the body's copy draws what the forward body drew
     )
     # each gradient through identity: a single-output op, which a distributed fit can cut the graph at
     back = tuple(ops.identity(t) for t in (back if isinstance(back, tuple) else (back,)))
@@ -245,7 +246,7 @@ def _body_gradients(ys, xs, grad_ys):
     from workbench.graph.gradients import gradients
 
     found = gradients(ys, xs, grad_ys=grad_ys) if ys and xs else [None] * len(xs)
-    return [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found)]
+    return [ops.zeros_like(x) if d is None else d for x, d in zip(xs, found, strict=True)]
 
 
 defop(

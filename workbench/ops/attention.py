@@ -51,11 +51,14 @@ def _attention_spec(q: TensorSpec, k: TensorSpec, v: TensorSpec, mask: TensorSpe
             f"needs q, k and v of shape (batch, heads, length, depth), got {rules.fmt(q.shape)}, "
             f"{rules.fmt(k.shape)} and {rules.fmt(v.shape)}"
         )
-    if not all(rules.dims_match(a, b) for t in (k, v) for a, b in zip(q.shape[:2], t.shape[:2])):
+    if not all(rules.dims_match(a, b) for t in (k, v) for a, b in zip(q.shape[:2], t.shape[:2], strict=True)):
         raise ShapeError(
             f"q {rules.fmt(q.shape)}, k {rules.fmt(k.shape)} and v {rules.fmt(v.shape)} differ in batch or heads"
         )
-    lead = tuple(next((d for d in dims if d is not None), None) for dims in zip(q.shape[:2], k.shape[:2], v.shape[:2]))
+    lead = tuple(
+        next((d for d in dims if d is not None), None)
+        for dims in zip(q.shape[:2], k.shape[:2], v.shape[:2], strict=True)
+    )
     if not rules.dims_match(q.shape[3], k.shape[3]):
         raise ShapeError(f"q {rules.fmt(q.shape)} and k {rules.fmt(k.shape)} have different depths")
     if not rules.dims_match(k.shape[2], v.shape[2]):

@@ -43,7 +43,7 @@ def _pad_spec(x: TensorSpec, *, paddings, mode, value) -> TensorSpec:
     if any(b < 0 or a < 0 for b, a in paddings):
         raise ShapeError(f"paddings must not be negative, got {list(paddings)}")
     out = []
-    for axis, (d, (b, a)) in enumerate(zip(x.shape, paddings)):
+    for axis, (d, (b, a)) in enumerate(zip(x.shape, paddings, strict=True)):
         if mode == "reflect" and d is not None and (b > d - 1 or a > d - 1):
             raise ShapeError(f"reflect padding ({b}, {a}) of axis {axis} needs at most {d - 1} on each side (size {d})")
         out.append(None if d is None else d + b + a)
@@ -62,10 +62,10 @@ def _pad_kernel(xp, x, *, paddings, mode, value):
             if b or a:
                 x = xp.take(x, _reflect_index(xp, x.shape[axis], b, a), axis=axis)
         return x
-    shape = tuple(d + b + a for d, (b, a) in zip(x.shape, paddings))
+    shape = tuple(d + b + a for d, (b, a) in zip(x.shape, paddings, strict=True))
     fill = float(value) if "float" in str(x.dtype) else int(value)
     out = xp.full(shape, fill, dtype=x.dtype)
-    out[tuple(slice(b, b + d) for d, (b, _a) in zip(x.shape, paddings))] = x
+    out[tuple(slice(b, b + d) for d, (b, _a) in zip(x.shape, paddings, strict=True))] = x
     return out
 
 
@@ -76,7 +76,7 @@ def pad_grad(g, x, paddings, mode="constant", name=None):
 
 def _pad_grad_kernel(xp, g, x, *, paddings, mode):
     if mode == "constant":
-        return g[tuple(slice(b, b + d) for d, (b, _a) in zip(x.shape, paddings))]
+        return g[tuple(slice(b, b + d) for d, (b, _a) in zip(x.shape, paddings, strict=True))]
     for axis in reversed(range(len(paddings))):  # each axis's mirrored parts are added back, last axis first
         b, a = paddings[axis]
         if not (b or a):

@@ -71,7 +71,7 @@ def _broadcast_param(xp, p, ndim: int, axes: tuple[int, ...]):
     if axes == tuple(range(ndim - len(axes), ndim)):
         return p  # trailing axes: NumPy broadcasting lines them up already
     shape = [1] * ndim
-    for a, d in zip(axes, p.shape):
+    for a, d in zip(axes, p.shape, strict=True):
         shape[a] = d
     return xp.reshape(p, tuple(shape))
 

@@ -30,7 +30,7 @@ def _counts(xp, shape, size, stride, padding, dtype):
     """(Ho, Wo) array: how many real pixels each window covers."""
     pads, ho, wo = _geometry(shape, size, stride, padding)
     per_axis = []
-    for (before, _after), n, k, s, length in zip(pads, (ho, wo), size, stride, shape[2:]):
+    for (before, _after), n, k, s, length in zip(pads, (ho, wo), size, stride, shape[2:], strict=True):
         start = xp.arange(n, dtype=xp.int64) * s - before
         stop = start + k
         count = xp.minimum(stop, length) - xp.maximum(start, 0)

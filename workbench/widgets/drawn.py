@@ -73,4 +73,4 @@ def _add(graph: Graph, prefix: str, outer: dict, out: list) -> None:
             drawn = DrawnOp(name, op, inputs, control)
         out.append(drawn)
         ops_[op] = drawn
-        tensors.update(zip(op.outputs, drawn.outputs))
+        tensors.update(zip(op.outputs, drawn.outputs, strict=True))
