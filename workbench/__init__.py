@@ -10,7 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers
-from workbench import layers
+from workbench import layers, models
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -145,6 +145,7 @@ __all__ = [
     "accuracy",
     "metrics",
     "layers",
+    "models",
     "ShapeError",
     "Tensor",
     "Variable",
