@@ -23,7 +23,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 KERNEL = "workbench-test-python"
 CELL_TIMEOUT = 60  # seconds for any one cell; the whole notebook is bounded by pytest's timeout
 STARTUP_TIMEOUT = 60
-NOTEBOOK_NAMES = ["quickstart.ipynb", "distributed.ipynb", "scaling.ipynb", "playground.ipynb"]
+NOTEBOOK_NAMES = ["quickstart.ipynb", "distributed.ipynb", "scaling.ipynb", "playground.ipynb", "models.ipynb"]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 SVG_MIME = "image/svg+xml"
 
@@ -94,6 +94,9 @@ PICTURES = {
                           ("training · 30 steps · done", "2 replicas"), ("default cluster closed",)],
     "scaling.ipynb": [("graph wide",), ("scaling study · done · 2 of 2 worker counts", "efficiency")],
     "playground.ipynb": [("features", "layer 2", "epoch", "test loss"), ("graph playground",)],
+    "models.ipynb": [("graph transformer", "block0"), ("training · 150 steps · done",), ("graph resnet", "block1"),
+                     ("training · 40 steps · done",), ("graph rnn",), ("training · 150 steps · done",),
+                     ("Dask cluster",), ("training · 20 steps · done", "2 replicas"), ("default cluster closed",)],
 }  # fmt: skip
 
 

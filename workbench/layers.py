@@ -122,7 +122,9 @@ def batch_norm(x, training, momentum: float = 0.99, epsilon: float = 1e-3, axis:
         scale = special.rsqrt(ops.reshape(var, shape) + epsilon) * ops.reshape(gamma, shape)
         y = (x - ops.reshape(mean, shape)) * scale + ops.reshape(beta, shape)
         if training is not False:
-            _moving_updates(graph, y, x, training, momentum, reduced, (moving_mean, batch_mean), (moving_var, batch_var))
+            _moving_updates(
+                graph, y, x, training, momentum, reduced, (moving_mean, batch_mean), (moving_var, batch_var)
+            )
         return y
 
 

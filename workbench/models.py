@@ -4,7 +4,9 @@ notebook ``notebooks/models.ipynb``, the tests and the benchmarks share.
 Each builder returns a dict: ``graph``, ``x`` (rows of 64 pixels), ``y`` (labels),
 ``logits``, ``loss``, ``accuracy``, ``train`` (the optimizer's update) and, for models
 that behave differently in training, ``training`` (a bool placeholder that defaults to
-False: feed it with ``fit(..., feed_dict={"training": True})``).
+False: feed it with ``fit(..., feed_dict={"training": True})``). ``graph=`` builds into a
+graph of yours (in a ``%%flow`` cell: ``models.resnet(graph=get_default_graph())``),
+else into a new one named ``name``.
 
 >>> import workbench as wb
 >>> m = wb.models.transformer()
@@ -40,14 +42,16 @@ def _finish(graph: Graph, x, y, logits, optimizer, training=None) -> dict:
     return model
 
 
-def transformer(d: int = 32, heads: int = 4, blocks: int = 2, learning_rate: float = 3e-3, name="transformer") -> dict:
+def transformer(
+    d: int = 32, heads: int = 4, blocks: int = 2, learning_rate: float = 3e-3, name="transformer", graph=None
+) -> dict:
     """A pre-LN transformer classifier reading the 8 rows of a digit as 8 tokens of 8 pixels.
 
     Tokens are projected to ``d`` and given a learned position embedding; each block is
     ``x + attention(layer_norm(x))`` then ``x + mlp(layer_norm(x))`` (``4d`` hidden units,
     GELU); a final layer norm, the mean over tokens and a dense layer give the logits. Adam.
     """
-    g = Graph(name=name)
+    g = Graph(name=name) if graph is None else graph
     with g.as_default():
         x, y = _inputs()
         tokens = ops.reshape(x, (-1, ROWS, COLUMNS))
@@ -71,14 +75,16 @@ def _basic_block(h, filters: int, stride: int, training, name: str):
         out = ops.relu(layers.batch_norm(out, training))
         out = layers.batch_norm(layers.conv2d(out, filters, 3, use_bias=False), training)
         if stride != 1 or h.shape[1] != filters:
-            h = layers.batch_norm(layers.conv2d(h, filters, 1, stride=stride, use_bias=False, name="shortcut"), training)
+            h = layers.batch_norm(
+                layers.conv2d(h, filters, 1, stride=stride, use_bias=False, name="shortcut"), training
+            )
         return ops.relu(out + h)
 
 
-def resnet(widths=(16, 32), learning_rate: float = 3e-3, name="resnet") -> dict:
+def resnet(widths=(16, 32), learning_rate: float = 3e-3, name="resnet", graph=None) -> dict:
     """A small ResNet: a 3x3 stem, one basic block per width (the later ones with stride 2), batch
     norm throughout, global average pooling and a dense layer. Adam; ``training`` switches batch norm."""
-    g = Graph(name=name)
+    g = Graph(name=name) if graph is None else graph
     with g.as_default():
         x, y = _inputs()
         training = ops.placeholder("training", shape=(), dtype="bool", default=False)
@@ -92,10 +98,10 @@ def resnet(widths=(16, 32), learning_rate: float = 3e-3, name="resnet") -> dict:
         return _finish(g, x, y, logits, optimizers.Adam(learning_rate), training)
 
 
-def rnn(hidden: int = 64, learning_rate: float = 5e-3, name="rnn") -> dict:
+def rnn(hidden: int = 64, learning_rate: float = 5e-3, name="rnn", graph=None) -> dict:
     """An Elman RNN over the 8 rows of a digit with :func:`workbench.scan`:
     ``h = tanh(row @ w_x + h @ w_h + b)``, the last state through a dense layer. Adam."""
-    g = Graph(name=name)
+    g = Graph(name=name) if graph is None else graph
     with g.as_default():
         x, y = _inputs()
         rows = ops.transpose(ops.reshape(x, (-1, ROWS, COLUMNS)), (1, 0, 2))  # (rows, batch, 8): time first
