@@ -11,7 +11,7 @@ else into a new one named ``name``.
 >>> import workbench as wb
 >>> m = wb.models.transformer()
 >>> m["logits"].shape, len(m["graph"].trainable_variables)
-((None, 10), 28)
+((None, 10), 29)
 """
 
 from __future__ import annotations
