@@ -23,7 +23,14 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 KERNEL = "workbench-test-python"
 CELL_TIMEOUT = 60  # seconds for any one cell; the whole notebook is bounded by pytest's timeout
 STARTUP_TIMEOUT = 60
-NOTEBOOK_NAMES = ["quickstart.ipynb", "distributed.ipynb", "scaling.ipynb", "playground.ipynb", "strategies.ipynb"]
+NOTEBOOK_NAMES = [
+    "quickstart.ipynb",
+    "distributed.ipynb",
+    "scaling.ipynb",
+    "playground.ipynb",
+    "strategies.ipynb",
+    "models.ipynb",
+]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 SVG_MIME = "image/svg+xml"
 
@@ -96,6 +103,9 @@ PICTURES = {
     "playground.ipynb": [("features", "layer 2", "epoch", "test loss"), ("graph playground",)],
     "strategies.ipynb": [("graph mlp",), ("graph mlp-averaged", "every_4"), ("Dask cluster tcp://", "new sessions run on"),
                          ("training · 48 steps · done", "2 replicas"), ("default cluster closed",)],
+    "models.ipynb": [("graph transformer", "block0"), ("training · 150 steps · done",), ("graph resnet", "block1"),
+                     ("training · 40 steps · done",), ("graph rnn",), ("training · 150 steps · done",),
+                     ("Dask cluster",), ("training · 20 steps · done", "2 replicas"), ("default cluster closed",)],
 }  # fmt: skip
 
 

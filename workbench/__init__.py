@@ -10,7 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers, strategies
-from workbench import layers
+from workbench import layers, models
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -157,6 +157,7 @@ __all__ = [
     "accuracy",
     "metrics",
     "layers",
+    "models",
     "ShapeError",
     "Tensor",
     "Variable",

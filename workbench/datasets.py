@@ -168,3 +168,17 @@ def _spiral(rng, samples, noise):
 
 
 _GENERATORS = {"circle": _circle, "xor": _xor, "gaussian": _gaussian, "spiral": _spiral}
+
+
+def digits(seed: int = 0, test_fraction: float = 0.25) -> Split:
+    """scikit-learn's bundled 8x8 digits (no download), scaled to [0, 1] as float32 rows of 64,
+    with int64 labels, split with a stratified, seeded shuffle (1347 training, 450 test images):
+    the split ``make demo`` and :mod:`workbench.models` train on."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = (bunch.data / 16.0).astype("float32")
+    y = bunch.target.astype("int64")
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    return Split(x_train, y_train, x_test, y_test)

@@ -122,7 +122,9 @@ def batch_norm(x, training, momentum: float = 0.99, epsilon: float = 1e-3, axis:
         scale = special.rsqrt(ops.reshape(var, shape) + epsilon) * ops.reshape(gamma, shape)
         y = (x - ops.reshape(mean, shape)) * scale + ops.reshape(beta, shape)
         if training is not False:
-            _moving_updates(graph, y, x, training, momentum, reduced, (moving_mean, batch_mean), (moving_var, batch_var))
+            _moving_updates(
+                graph, y, x, training, momentum, reduced, (moving_mean, batch_mean), (moving_var, batch_var)
+            )
         return y
 
 
@@ -167,12 +169,14 @@ def embedding(ids, vocab_size: int, dim: int, name=None, dtype: str = "float32")
         return ops.gather(table, ids)
 
 
-def multi_head_attention(x, heads: int, causal: bool = False, mask=None, name=None):
+def multi_head_attention(x, heads: int, causal: bool = False, mask=None, qkv_bias: bool = True, name=None):
     """Multi-head self-attention: (batch, length, d) to (batch, length, d).
 
     Queries, keys and values come from one projection ``<scope>/qkv`` (d -> 3d), the heads'
     outputs are joined by ``<scope>/out`` (d -> d); ``d`` must divide into ``heads``.
-    ``causal`` lets position i attend to positions up to i only.
+    ``causal`` lets position i attend to positions up to i only. ``qkv_bias=False`` leaves the
+    projection's bias out (the keys' part of it never changes the output: its gradient is zero,
+    and an adaptive optimizer would move it by rounding noise).
     """
     if x.shape is None or len(x.shape) != 3 or x.shape[1] is None or x.shape[2] is None:
         raise ShapeError(f"multi_head_attention needs (batch, length, d) with length and d known, got {x.shape}")
@@ -181,7 +185,7 @@ def multi_head_attention(x, heads: int, causal: bool = False, mask=None, name=No
         raise ShapeError(f"multi_head_attention: d={d} does not divide into {heads} heads")
     depth = d // heads
     with _scope(x, name, "multi_head_attention"):
-        qkv = dense(x, 3 * d, name="qkv")  # (batch, length, 3d)
+        qkv = dense(x, 3 * d, use_bias=qkv_bias, name="qkv")  # (batch, length, 3d)
         split = ops.transpose(ops.reshape(qkv, (-1, length, 3, heads, depth)), (2, 0, 3, 1, 4))
         out = attention.scaled_dot_product_attention(split[0], split[1], split[2], mask=mask, causal=causal)
         joined = ops.reshape(ops.transpose(out, (0, 2, 1, 3)), (-1, length, d))

@@ -59,7 +59,9 @@ class Optimizer:
         if not var_list:
             raise GraphError(f"graph {loss.graph.name!r} has no trainable variables to optimize")
         grads = gradients(loss, var_list)
-        pairs = [(g, v) for g, v in zip(grads, var_list) if g is not None]
+        # a gradient that is one output of several (layer_norm_grad's) gets an op of its own, so that
+        # distributed training can feed it to the update by itself
+        pairs = [(_own_op(g), v) for g, v in zip(grads, var_list, strict=True) if g is not None]
         if not pairs:
             names = ", ".join(v.name for v in var_list)
             raise GradientError(f"loss {loss.name!r} does not depend on any of the variables {names}")
@@ -200,6 +202,13 @@ class Adam(Optimizer):
                 delta = delta + (self.learning_rate * self.weight_decay) * v
             updates.append(self._assign_sub(v, delta))
         return updates
+
+
+def _own_op(gradient: Tensor) -> Tensor:
+    if len(gradient.op.outputs) == 1:
+        return gradient
+    with gradient.graph.name_scope("gradients"):
+        return ops.identity(gradient)
 
 
 def state_updates(loss: Tensor) -> list[Operation]:

@@ -115,7 +115,7 @@ def bind_placeholders(graph: Graph, values: dict) -> Graph:
         return "constant", (), {"value": value}
 
     new = rebuild(graph, replace=bind)[0]
-    new.training = dict(graph.training)
+    new.training, new.updates = dict(graph.training), dict(graph.updates)
     return new
 
 
