@@ -189,6 +189,7 @@ CASES = {
     "sum": lambda x: wb.sum(x, axis=1) + wb.sum(x) + wb.sum(x, axis=(0, 1), keepdims=True)[0],
     "mean": lambda x: wb.mean(x, axis=-1, keepdims=True) * wb.mean(x),
     "max": lambda x: wb.max(x, axis=0, keepdims=True) + wb.max(x, axis=1, keepdims=True),
+    "min_prod": lambda x: wb.min(x, axis=0, keepdims=True) + wb.prod(wb.sigmoid(x), axis=1, keepdims=True),
     "argmax": lambda x: wb.argmax(x, axis=1),
     "argmax_flat": lambda x: wb.argmax(x, axis=None, keepdims=True),
     "matmul_transposes": lambda x: wb.matmul(x, x, transpose_b=True) + wb.matmul(x, x, transpose_a=True)[0, 0],

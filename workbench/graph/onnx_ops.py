@@ -98,9 +98,11 @@ def _axes(op) -> list[int] | None:
     return None if axis is None else list(rules.axes_tuple(axis, op.inputs[0].ndim))
 
 
-@converts("sum", "mean", "max")
+@converts("sum", "mean", "max", "min", "prod")
 def _reduction(b, op, ins):
-    kind = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax"}[op.type]
+    kind = {"sum": "ReduceSum", "mean": "ReduceMean", "max": "ReduceMax", "min": "ReduceMin", "prod": "ReduceProd"}[
+        op.type
+    ]
     since = 13 if op.type == "sum" else 18
     return [b.reduce(kind, ins[0], _axes(op), op.attrs["keepdims"], op.name, since)]
 
