@@ -8,7 +8,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import workbench as wb
 from workbench import cluster as wb_cluster
-from workbench.widgets import ClusterView, GraphView
+from workbench.widgets import GraphView
 
 EXAMPLE = '''%%flow mlp
 x = placeholder("x", shape=(None, 64))

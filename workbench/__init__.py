@@ -42,7 +42,6 @@ from workbench.graph.precision import mixed_precision
 from workbench.graph.probes import watch
 from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
-from workbench import cluster
 from workbench.session import Session
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History

@@ -9,7 +9,8 @@ needs one, so plain scripts never load ipywidgets.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from workbench.events import ROOT, Event, EventStream, FitStarted, ScalingStarted
 

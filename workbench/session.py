@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

@@ -154,7 +154,10 @@ class HostRawKernel:
         self.library.launch(ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), pointers, ctypes.c_longlong(int(n)))
 
 
-def _compile(source, _cache={}):
+_CACHE: dict = {}
+
+
+def _compile(source, _cache=_CACHE):
     if source not in _cache:
         import tempfile
 

@@ -75,7 +75,7 @@ def test_plan_cache_is_lru_and_keys_on_graph_version_feeds_and_device(model):
     assert PlanKey.of(other, [y.name], feeds, CPU()) != key  # another graph, whatever its name
     made = []
     for k in ("a", "b", "a", "c", "b"):
-        cache.get(k, lambda: made.append(k) or k)
+        cache.get(k, lambda k=k: made.append(k) or k)
     assert made == ["a", "b", "c", "b"] and list(cache.keys()) == ["c", "b"] and cache.compiled == 4
     with g.as_default():
         wb.exp(y)  # a new version of the graph

@@ -215,7 +215,7 @@ def test_as_default_pops_on_error():
     before = wb.get_default_graph()
     with pytest.raises(ZeroDivisionError):
         with g.as_default():
-            1 / 0
+            _ = 1 / 0
     assert wb.get_default_graph() is before
 
 

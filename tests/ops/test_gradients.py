@@ -10,7 +10,8 @@ over the op's outputs, so every output element gets its own weight.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 import pytest

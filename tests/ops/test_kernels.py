@@ -9,7 +9,8 @@ NumPy (naive loops for convolution and pooling). Each case also runs with
 from __future__ import annotations
 
 import itertools
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import array_api_strict as xps
 import numpy as np

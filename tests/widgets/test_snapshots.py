@@ -76,7 +76,7 @@ def test_training_view_picture_is_refreshed_once_when_the_fit_ends(updates):
 
 def test_graph_view_sends_a_new_picture_only_when_it_changes(mlp, updates):
     stream = EventStream(graph=mlp.token)
-    view = shown(GraphView(mlp).follow(stream))
+    shown(GraphView(mlp).follow(stream))
     ops = ["x", "w", "matmul"]
     for _ in range(50):  # the same ops run again and again: one picture
         stream.emit("run_started", ops=ops)

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 

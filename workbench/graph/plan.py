@@ -18,7 +18,8 @@ import functools
 import zlib
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
@@ -331,7 +332,7 @@ class Plan:
         else:
             i = -1
             try:
-                for i, (fn, get, out, dead) in enumerate(self.steps):
+                for i, (fn, get, out, dead) in enumerate(self.steps):  # noqa: B007 - the handler names step i
                     result = fn(*get(slots))
                     if out.__class__ is int:
                         slots[out] = result

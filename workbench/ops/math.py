@@ -12,7 +12,6 @@ import builtins
 from workbench.errors import DTypeError, ShapeError
 from workbench.ops import rules
 from workbench.ops.registry import TensorSpec, apply, as_dtype, defop, is_float
-from workbench.ops.state import constant
 
 
 def _binary_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:

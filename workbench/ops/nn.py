@@ -201,7 +201,7 @@ def _unwindow(xp, parts, shape, kernel, stride, padding):
     (pt, pb), (pl, pr) = pads
     n, c, h, w = shape
     out = xp.zeros((n, c, h + pt + pb, w + pl + pr), dtype=parts[0].dtype)
-    (kh, kw), (sh, sw) = kernel, stride
+    (_, kw), (sh, sw) = kernel, stride
     for p, part in enumerate(parts):
         i, j = divmod(p, kw)
         region = (slice(None), slice(None), slice(i, i + sh * (ho - 1) + 1, sh), slice(j, j + sw * (wo - 1) + 1, sw))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pathlib
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import anywidget
 
