@@ -22,7 +22,10 @@ LAYERS = [
     ("cluster", ["workbench.cluster"]),
     ("session", ["workbench.session", "workbench.validation"]),
     ("studies", ["workbench.scaling"]),
-    ("notebook surface", ["workbench.widgets", "workbench.dashboard", "workbench.notebook", "workbench.magics", "workbench"]),
+    (
+        "notebook surface",
+        ["workbench.widgets", "workbench.dashboard", "workbench.notebook", "workbench.magics", "workbench"],
+    ),
     ("demo", ["workbench.demo"]),
 ]
 

@@ -31,7 +31,9 @@ def test_compile_prunes_and_knows_its_feeds(model):
 
 def test_compile_names_the_missing_placeholder(model):
     g, x, w, y, unused = model
-    with pytest.raises(wb.FeedError, match=r"placeholder 'x' \(shape \(None, 3\), float32\) must be fed to compute 'sum'"):
+    with pytest.raises(
+        wb.FeedError, match=r"placeholder 'x' \(shape \(None, 3\), float32\) must be fed to compute 'sum'"
+    ):
         compile_plan(g, [y.name], [])
 
 

@@ -67,7 +67,7 @@ def conv_case(rng, n, c, h, w, o, kh, kw, stride, padding):
 
 def conv_grad_cases(rng, which):
     cases = []
-    for (h, w, k, stride, padding) in [(5, 5, 3, 1, "valid"), (5, 6, 3, 2, "same"), (6, 5, 2, 2, "valid")]:
+    for h, w, k, stride, padding in [(5, 5, 3, 1, "valid"), (5, 6, 3, 2, "same"), (6, 5, 2, 2, "valid")]:
         x, f = normal(rng, 2, 2, h, w), normal(rng, 3, 2, k, k)
         g = normal(rng, 2, 3, conv_out(h, k, stride, padding), conv_out(w, k, stride, padding))
         if which == "input":
@@ -81,8 +81,15 @@ def conv_grad_cases(rng, which):
 
 def getitem_cases(rng):
     x = normal(rng, 3, 4, 5)
-    index_list = [(slice(1, None), slice(None, None, 2)), (Ellipsis, 1), (None, 0, slice(None), slice(None, None, -1)),
-                  (slice(None), None, slice(1, 3)), -1, (1, Ellipsis, None), (slice(-2, None), 2, slice(4, 0, -2))]
+    index_list = [
+        (slice(1, None), slice(None, None, 2)),
+        (Ellipsis, 1),
+        (None, 0, slice(None), slice(None, None, -1)),
+        (slice(None), None, slice(1, 3)),
+        -1,
+        (1, Ellipsis, None),
+        (slice(-2, None), 2, slice(4, 0, -2)),
+    ]
     return [Case(lambda x, i=i: x[i], (x,)) for i in index_list]
 
 
@@ -215,7 +222,9 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
 
 ZERO_BY_DEFINITION = {"stop_gradient"}  # the gradient is zero whatever finite differences say
 
-CASES = [(name, i, case) for name, make in GRADIENT_CASES.items() for i, case in enumerate(make(np.random.default_rng(0)))]
+CASES = [
+    (name, i, case) for name, make in GRADIENT_CASES.items() for i, case in enumerate(make(np.random.default_rng(0)))
+]
 
 
 def _id(name, i):
@@ -384,7 +393,10 @@ def test_second_order_gradient_matches_finite_differences(name, i, case):
     "fn, helper",
     [
         (lambda x: wb.max_pool2d(x, 2), "max_pool2d_grad"),
-        (lambda x: wb.softmax_cross_entropy(wb.reshape(x, (2, 8)), wb.constant(indices(1, 2))), "softmax_cross_entropy_grad"),
+        (
+            lambda x: wb.softmax_cross_entropy(wb.reshape(x, (2, 8)), wb.constant(indices(1, 2))),
+            "softmax_cross_entropy_grad",
+        ),
     ],
 )
 def test_second_order_of_an_op_without_one_names_the_helper(fn, helper):

@@ -152,21 +152,40 @@ def getitem_grad_reference(g, x, index):
 
 def getitem_cases():
     x = normal(3, 4, 5)
-    index_list = [(slice(1, None), slice(None, None, 2)), (Ellipsis, 1), (None, 0, slice(None), slice(None, None, -1)),
-                  (slice(None), None, slice(1, 3)), -1, (1, Ellipsis, None), (slice(-2, None), 2, slice(4, 0, -2))]
+    index_list = [
+        (slice(1, None), slice(None, None, 2)),
+        (Ellipsis, 1),
+        (None, 0, slice(None), slice(None, None, -1)),
+        (slice(None), None, slice(1, 3)),
+        -1,
+        (1, Ellipsis, None),
+        (slice(-2, None), 2, slice(4, 0, -2)),
+    ]
     get = [K([x], lambda x, i=i: x[i], index=encode_index(i)) for i in index_list]
-    put = [K([normal(*x[i].shape), x], lambda g, x, i=i: getitem_grad_reference(g, x, i), index=encode_index(i))
-           for i in index_list]
+    put = [
+        K([normal(*x[i].shape), x], lambda g, x, i=i: getitem_grad_reference(g, x, i), index=encode_index(i))
+        for i in index_list
+    ]
     return get, put
 
 
 GETITEM, GETITEM_GRAD = getitem_cases()
 X34, Y34 = normal(3, 4), normal(3, 4)
 Y34[0] = X34[0]  # ties for the comparisons
-CONV_GEOMETRY = [((5, 5), (3, 3), (1, 1), "valid"), ((5, 7), (3, 3), (2, 2), "same"), ((6, 5), (3, 2), (2, 2), "valid"),
-                 ((4, 4), (2, 2), (1, 1), "same"), ((5, 5), (3, 2), (2, 1), "same")]
-POOL_GEOMETRY = [((2, 2), (2, 2), "valid"), ((3, 3), (2, 2), "same"), ((2, 2), (1, 1), "valid"),
-                 ((2, 2), (2, 2), "same"), ((2, 3), (1, 2), "valid")]
+CONV_GEOMETRY = [
+    ((5, 5), (3, 3), (1, 1), "valid"),
+    ((5, 7), (3, 3), (2, 2), "same"),
+    ((6, 5), (3, 2), (2, 2), "valid"),
+    ((4, 4), (2, 2), (1, 1), "same"),
+    ((5, 5), (3, 2), (2, 1), "same"),
+]
+POOL_GEOMETRY = [
+    ((2, 2), (2, 2), "valid"),
+    ((3, 3), (2, 2), "same"),
+    ((2, 2), (1, 1), "valid"),
+    ((2, 2), (2, 2), "same"),
+    ((2, 3), (1, 2), "valid"),
+]
 
 
 def conv_cases(kind):
@@ -177,9 +196,13 @@ def conv_cases(kind):
         if kind == "conv2d":
             cases.append(K([x, f], lambda x, f, s=s, p=p: naive_conv(x, f, s, p), stride=s, padding=p))
         elif kind == "input":
-            cases.append(K([g, x, f], lambda g, x, f, s=s, p=p: naive_conv_input_grad(g, x, f, s, p), stride=s, padding=p))
+            cases.append(
+                K([g, x, f], lambda g, x, f, s=s, p=p: naive_conv_input_grad(g, x, f, s, p), stride=s, padding=p)
+            )
         else:
-            cases.append(K([x, g, f], lambda x, g, f, s=s, p=p: naive_conv_filter_grad(x, g, f, s, p), stride=s, padding=p))
+            cases.append(
+                K([x, g, f], lambda x, g, f, s=s, p=p: naive_conv_filter_grad(x, g, f, s, p), stride=s, padding=p)
+            )
     return cases
 
 
@@ -190,7 +213,9 @@ def pool_cases(grad):
         x[0, 0, :2, :2] = 1.5  # a tie inside a window: the first maximum wins
         if grad:
             g = normal(2, 2, pads(5, k[0], s[0], p)[2], pads(6, k[1], s[1], p)[2])
-            cases.append(K([g, x], lambda g, x, k=k, s=s, p=p: naive_pool_grad(g, x, k, s, p), size=k, stride=s, padding=p))
+            cases.append(
+                K([g, x], lambda g, x, k=k, s=s, p=p: naive_pool_grad(g, x, k, s, p), size=k, stride=s, padding=p)
+            )
         else:
             cases.append(K([x], lambda x, k=k, s=s, p=p: naive_pool(x, k, s, p), size=k, stride=s, padding=p))
     return cases
@@ -224,8 +249,10 @@ FUSED_PROGRAM = (  # (x * y + exp(x)) * 2, the steps numbered after the two inpu
 
 
 def reduce_cases(fn, values):
-    return [K([values], lambda x, a=a, k=k: fn(x, axis=a, keepdims=k), axis=a, keepdims=k)
-            for a, k in [(None, False), (1, False), ((0, 2), False), (-1, True), (None, True)]]
+    return [
+        K([values], lambda x, a=a, k=k: fn(x, axis=a, keepdims=k), axis=a, keepdims=k)
+        for a, k in [(None, False), (1, False), ((0, 2), False), (-1, True), (None, True)]
+    ]
 
 
 # -- the table: every op with a kernel ------------------------------------------------

@@ -52,8 +52,13 @@ def test_clean_data_sets_follow_their_rule():
 @pytest.mark.parametrize(
     "name, expected",
     [
-        ("x1", 3.0), ("x2", -2.0), ("x1^2", 9.0), ("x2^2", 4.0), ("x1*x2", -6.0),
-        ("sin x1", np.sin(3.0)), ("sin x2", np.sin(-2.0)),
+        ("x1", 3.0),
+        ("x2", -2.0),
+        ("x1^2", 9.0),
+        ("x2^2", 4.0),
+        ("x1*x2", -6.0),
+        ("sin x1", np.sin(3.0)),
+        ("sin x2", np.sin(-2.0)),
     ],  # fmt: skip
 )
 def test_each_feature(name, expected):

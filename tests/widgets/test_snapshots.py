@@ -30,7 +30,15 @@ def texts(root: ET.Element) -> str:
 def fit_events(session=1, steps=3, **extra):
     yield {"kind": "fit_started", "session": session, "steps": steps, "batch_size": 8, "fetches": ["loss"]}
     for i in range(1, steps + 1):
-        yield {"kind": "step", "session": session, "step": i, "time": 0.1, "samples_per_s": 80.0, "loss": 2.0 / i, **extra}
+        yield {
+            "kind": "step",
+            "session": session,
+            "step": i,
+            "time": 0.1,
+            "samples_per_s": 80.0,
+            "loss": 2.0 / i,
+            **extra,
+        }
     yield {"kind": "fit_finished", "session": session, "steps": steps}
 
 
@@ -57,7 +65,9 @@ def test_graph_view_picture_shows_every_visible_node_and_run_states(mlp):
     assert len(nodes) == len(view.layout["nodes"]) == 10
     assert "graph mlp · 10 nodes · folded: SGD, gradients" in texts(root)
     assert {"x", "w", "matmul", "gradients"} <= {n.get("data-id") for n in nodes}
-    view.feed([RunStarted(graph=mlp.token, ops=("x", "w", "matmul")), RunFailed(graph=mlp.token, op="matmul", error="boom")])
+    view.feed(
+        [RunStarted(graph=mlp.token, ops=("x", "w", "matmul")), RunFailed(graph=mlp.token, op="matmul", error="boom")]
+    )
     states = {n.get("data-id"): n.get("data-state") for n in bundle_svg(view).findall(".//svg:g[@data-id]", NS)}
     assert states["matmul"] == "error" and states["x"] == "done"
 
@@ -97,7 +107,9 @@ def test_views_never_displayed_send_no_updates(updates):
 
 def test_scaling_view_picture_has_the_table_and_both_charts():
     view = ScalingView()
-    rows = [dict(workers=n, samples_per_s=s, speedup=s / 100, efficiency=s / 100 / n) for n, s in ((1, 100.0), (2, 185.0))]
+    rows = [
+        dict(workers=n, samples_per_s=s, speedup=s / 100, efficiency=s / 100 / n) for n, s in ((1, 100.0), (2, 185.0))
+    ]
     view.feed([{"kind": "scaling_started", "workers": [1, 2]}, *({"kind": "scaling_point", **r} for r in rows),
                {"kind": "scaling_finished", "rows": rows}])  # fmt: skip
     root = bundle_svg(view)
