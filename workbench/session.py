@@ -377,7 +377,7 @@ class Session:
             from workbench.cluster.engines import make_engine
             from workbench.cluster.options import ClusterOptions
 
-            chosen = tuple(workers) if workers is not None else None
+            chosen = workers if workers is None or isinstance(workers, str) else tuple(workers)
             options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
             engine, every = make_engine(request, self.client, options, self.events), checkpoint_every or sync_every
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)

@@ -137,3 +137,14 @@ def test_playground_picture_embeds_the_boundary_and_follows_steps(updates):
     app.step(5)
     assert len(updates) == 1 and "step 5 (epoch" in texts(ET.fromstring(updates[0][1]))
     app.close()
+
+
+def test_a_control_character_in_an_op_name_keeps_the_picture_well_formed():
+    import workbench as wb
+
+    g = wb.Graph(name="odd")
+    with g.as_default():
+        x = wb.placeholder("x\x07bell", shape=(None, 2))
+        wb.relu(x, name="r\x1bescape")
+    root = bundle_svg(GraphView(g))  # parses: no control character reached the XML
+    assert "x\\x07bell" in texts(root) or "r\\x1bescape" in texts(root)
