@@ -14,13 +14,13 @@ ROOT = pathlib.Path(workbench.__file__).parent
 
 #: Module-name prefixes by layer, bottom first; a module may import its own layer and those below.
 LAYERS = [
-    ("base", ["workbench.errors", "workbench.events", "workbench.training", "workbench.datasets"]),
+    ("base", ["workbench.errors", "workbench.events", "workbench.training", "workbench.datasets", "workbench.version"]),
     ("ops", ["workbench.ops"]),
     ("graph", ["workbench.graph", "workbench.loss_scale", "workbench.optimizers", "workbench.metrics"]),
-    ("checkpoints", ["workbench.checkpoint"]),
+    ("checkpoints", ["workbench.checkpoint", "workbench.modelfile"]),
     ("devices and the training loop", ["workbench.gpu", "workbench.devices", "workbench.fitloop"]),
     ("cluster", ["workbench.cluster"]),
-    ("session", ["workbench.session", "workbench.validation"]),
+    ("session", ["workbench.session", "workbench.validation", "workbench.model"]),
     ("studies", ["workbench.scaling"]),
     (
         "notebook surface",

@@ -284,3 +284,19 @@ def test_mixing_graphs_in_python_is_a_graph_error():
     assert len(ga.operations) == 1
     y = x * 2.0  # outside any block: the op goes to the graph of its inputs, as before
     assert y.graph is ga
+
+
+def test_control_flow_and_the_new_ops_are_in_a_flow_cell(ip):
+    cell = (
+        "%%flow other\n"
+        'xs = placeholder("xs", shape=(5, 2, 3))\n'
+        'w = variable("w", shape=(3, 3))\n'
+        "h, hs = scan(lambda h, x: (gelu(layer_norm(matmul(h, w) + x)), h), xs, zeros_like(xs[0]))\n"
+        'training = placeholder("training", shape=(), dtype="bool")\n'
+        "y = cond(training, lambda: sum(square(h)), lambda: sum(clip(h, -1.0, 1.0)))\n"
+    )
+    assert run(ip, cell) is None
+    other = ip.user_ns["other"]
+    assert other.h.op.type == "scan" and other.y.op.type == "cond" and other.hs.shape == (5, 2, 3)
+    value = wb.Session(other).run(other.y, {"xs": np.ones((5, 2, 3), np.float32), "training": False})
+    assert np.isfinite(value)

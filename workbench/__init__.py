@@ -38,11 +38,13 @@ from workbench.graph import (
     name_scope,
     reset_default_graph,
 )
+from workbench.graph import cond, scan
 from workbench.graph.precision import mixed_precision
 from workbench.graph.probes import watch
 from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
 from workbench.session import Session
+from workbench.model import Model, export_onnx, load_model
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History
 
@@ -103,7 +105,23 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     zeros_like,
 )
 
-__version__ = "0.1.0"
+from workbench.ops import (  # noqa: E402, F401 - normalization, attention, pooling, padding, special, indexing
+    avg_pool2d,
+    clip,
+    cumsum,
+    erf,
+    gelu,
+    layer_norm,
+    moments,
+    pad,
+    rsqrt,
+    scaled_dot_product_attention,
+    scatter_add,
+    square,
+    top_k,
+)
+
+from workbench.version import __version__  # noqa: E402
 
 __all__ = [
     "ArgumentError",
@@ -123,6 +141,9 @@ __all__ = [
     "Operation",
     "PathError",
     "Session",
+    "Model",
+    "export_onnx",
+    "load_model",
     "accuracy",
     "metrics",
     "ShapeError",
@@ -140,6 +161,8 @@ __all__ = [
     "ScalingStudy",
     "scaling_study",
     "cluster",
+    "cond",
+    "scan",
     *_PUBLIC_OPS,
 ]
 

@@ -45,21 +45,28 @@ def write(path: str | os.PathLike, arrays: dict, step: int | None = None, privat
     ones with ``private=True``. A directory at ``path``, a missing directory or an
     invalid path raise :class:`~workbench.errors.FileError`.
     """
+    marks = {MARK: np.array(FORMAT)} if step is None else {MARK: np.array(FORMAT), STEP: np.array(int(step))}
+    members = {**marks, **{VARIABLES + name: value for name, value in arrays.items()}}
+    return write_atomically(path, lambda f: write_npz(f, members), private=private)
+
+
+def write_atomically(path: str | os.PathLike, write_to, private: bool = False, what: str = "checkpoint") -> str:
+    """Call ``write_to(file)`` on a temporary next to ``path``, then put it in ``path``'s place
+    (fsynced, ``os.replace``): readers see the old file or the new one. ``what`` names the file in
+    errors (:class:`~workbench.errors.FileError`); permissions as for :func:`write`."""
     path = check_path(path)
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise FileError(
-            errno.EISDIR, f"cannot write a checkpoint to {path!r}: it is a directory; give a file name", path
-        )
+        raise FileError(errno.EISDIR, f"cannot write a {what} to {path!r}: it is a directory; give a file name", path)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".tmp-{_HOST}-{os.getpid()}-", suffix=".npz", dir=directory)
     except OSError as e:
-        what = "does not exist" if isinstance(e, FileNotFoundError) else f"cannot be written ({e.strerror})"
-        raise FileError(e.errno, f"cannot write checkpoint {path!r}: directory {directory!r} {what}", path) from e
-    marks = {MARK: np.array(FORMAT)} if step is None else {MARK: np.array(FORMAT), STEP: np.array(int(step))}
+        missing = isinstance(e, FileNotFoundError)
+        state = "does not exist" if missing else f"cannot be written ({e.strerror})"
+        raise FileError(e.errno, f"cannot write {what} {path!r}: directory {directory!r} {state}", path) from e
     try:
         with os.fdopen(fd, "wb") as f:
-            _write_npz(f, {**marks, **{VARIABLES + name: value for name, value in arrays.items()}})
+            write_to(f)
             f.flush()
             os.fsync(f.fileno())
         if not private:
@@ -69,7 +76,7 @@ def write(path: str | os.PathLike, arrays: dict, step: int | None = None, privat
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise FileError(e.errno, f"cannot write checkpoint {path!r}: {e.strerror or e}", path) from e
+            raise FileError(e.errno, f"cannot write {what} {path!r}: {e.strerror or e}", path) from e
         raise
     return path
 
@@ -108,16 +115,16 @@ def read(
     path = check_path(path)
     try:
         with zipfile.ZipFile(path) as archive:
-            headers = _headers(archive)
+            headers = member_headers(archive)
             if MARK not in headers:
                 raise FormatError(f"{path!r} is not a workbench checkpoint")
-            step = int(_read_member(archive, headers[STEP])) if STEP in headers else None
-            legacy = int(_read_member(archive, headers[MARK])) < FORMAT
+            step = int(read_member(archive, headers[STEP])) if STEP in headers else None
+            legacy = int(read_member(archive, headers[MARK])) < FORMAT
             members = _variable_members(headers, legacy)
             if expected is not None:
                 found = {name: headers[member][1:] for name, member in members.items()}
                 check_members(f"checkpoint {path!r}", found, expected, strict)
-            return {name: _read_member(archive, headers[member]) for name, member in members.items()}, step
+            return {name: read_member(archive, headers[member]) for name, member in members.items()}, step
     except FormatError:
         raise
     except FileNotFoundError:
@@ -126,8 +133,9 @@ def read(
         raise FormatError(f"cannot read checkpoint {path!r}: {type(e).__name__}: {e}") from None
 
 
-def _headers(archive: zipfile.ZipFile) -> dict[str, tuple]:
-    """Member name (without ``.npy``) to (ZipInfo, shape, dtype), from headers alone."""
+def member_headers(archive: zipfile.ZipFile) -> dict[str, tuple]:
+    """Member name (without ``.npy``) to (ZipInfo, shape, dtype), from headers alone; ValueError for a
+    member that is not a plain ``.npy`` array (Python objects, a size other than its header declares)."""
     out = {}
     for info in archive.infolist():
         if not info.filename.endswith(".npy"):
@@ -161,7 +169,7 @@ def _variable_members(headers: dict, legacy: bool) -> dict[str, str]:
     return {name[len(VARIABLES) :]: name for name in headers if name.startswith(VARIABLES)}
 
 
-def _read_member(archive: zipfile.ZipFile, header: tuple) -> np.ndarray:
+def read_member(archive: zipfile.ZipFile, header: tuple) -> np.ndarray:
     with archive.open(header[0]) as member:
         return np.lib.format.read_array(member, allow_pickle=False)
 
@@ -196,7 +204,7 @@ def specs(variables) -> dict[str, tuple]:
     return {v.name: (v.shape, v.dtype) for v in variables}
 
 
-def _write_npz(file, arrays: dict) -> None:
+def write_npz(file, arrays: dict) -> None:
     """``np.savez`` for any names (as keywords they could clash with its own parameters)."""
     with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, value in arrays.items():

@@ -127,6 +127,9 @@ class FitRequest:
         (:mod:`workbench.graph.probes`), fetched with the step every ``stats_every`` steps.
     stats_every : int
         0: no statistics.
+    feeds : dict
+        Placeholder name to a host array fed at every training step (``fit(feed_dict=...)``),
+        not to validation.
     """
 
     graph: Any
@@ -141,6 +144,7 @@ class FitRequest:
     check_numerics: bool = False
     stats: dict = field(default_factory=dict)
     stats_every: int = 0
+    feeds: dict = field(default_factory=dict)
 
     def stats_due(self, step: int) -> bool:
         """Whether step ``step`` (1-based) also fetches :attr:`stats`."""
@@ -387,7 +391,7 @@ class LocalSteps:
                 if pending():
                     raise KeyboardInterrupt
                 started = time.perf_counter()
-                batch = {name: a[idx] for name, a in req.data.items()}
+                batch = {**req.feeds, **{name: a[idx] for name, a in req.data.items()}}
                 probed = names + list(req.stats.values()) if req.stats_due(step) else names
                 values = run(probed, batch, check_numerics=req.check_numerics, step=step - 1)
                 elapsed = time.perf_counter() - started

@@ -42,6 +42,8 @@ def flow_namespace() -> dict[str, Any]:
         name_scope=workbench.name_scope,
         group=workbench.group,
         gradients=workbench.gradients,
+        cond=workbench.cond,
+        scan=workbench.scan,
         initializers=INITIALIZERS,
         SGD=workbench.optimizers.SGD,
         Momentum=workbench.optimizers.Momentum,

@@ -305,6 +305,7 @@ class Session:
         validation=None,
         stats: int | None = None,
         step_timeout: float | None = None,
+        feed_dict: dict | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -347,6 +348,11 @@ class Session:
         stats : int, optional
             Every ``stats`` steps, also fetch the statistic ops :func:`workbench.watch` adds
             (gradient norms, activation mean/std) into ``History.stats``. Local training only.
+        feed_dict : dict, optional
+            Placeholders (names or tensors) fed the same value at every training step,
+            locally and on a cluster, e.g. ``{"training": True}`` for a placeholder
+            ``training`` with ``default=False``; validation runs without them (so with
+            the placeholders' defaults: the graph's inference settings).
 
         Returns
         -------
@@ -366,7 +372,7 @@ class Session:
         On a cluster every failure is a ``ClusterError`` whose cause is chained.
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
-        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats)
+        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict)
         if checkpoint_dir is not None:  # resuming here: the batches of the fit it continues
             where = os.path.abspath(checkpoint.check_path(checkpoint_dir))
             request = dataclasses.replace(request, batch_seed=self._batch_seeds.setdefault(where, request.batch_seed))
@@ -404,7 +410,9 @@ class Session:
             raise ClusterError(f"strategy={strategy!r} {needs}")
         return LocalSteps(self, request)
 
-    def _fit_request(self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None) -> FitRequest:
+    def _fit_request(
+        self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None
+    ) -> FitRequest:
         """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
         if stats is not None and self.client is not None:
             raise ClusterError(
@@ -430,7 +438,24 @@ class Session:
             check_numerics=check_numerics,
             stats={} if stats is None else self._probes(train),
             stats_every=stats or 0,
+            feeds=self._fixed_feeds(feed_dict, arrays),
         )
+
+    def _fixed_feeds(self, feed_dict, data: dict) -> dict:
+        """``fit``'s ``feed_dict``: placeholder name to a checked host array, fed at every step."""
+        if feed_dict is None:
+            return {}
+        if not isinstance(feed_dict, dict):
+            raise FeedError(
+                f"fit() feed_dict must be a dict from placeholders to values, got {type(feed_dict).__name__}"
+            )
+        fixed = {}
+        for key, value in feed_dict.items():
+            ph = self._placeholder(key)
+            if ph.name in data:
+                raise FeedError(f"fit() feeds placeholder {ph.name!r} both in data (by rows) and in feed_dict")
+            fixed[ph.name] = self._feed_value(ph, value)
+        return fixed
 
     def _probes(self, train) -> dict[str, str]:
         """Label to tensor of the graph's statistic ops (:func:`workbench.watch`'s defaults if it has none)."""
@@ -476,6 +501,24 @@ class Session:
         """
         loaded = checkpoint.restore(path, self.graph.variables, strict)  # checked against the graph before reading
         self._put(loaded)
+
+    def export(
+        self, path: str | os.PathLike, inputs: dict, outputs: dict, feed_dict=None, private: bool = False
+    ) -> str:
+        """Write the inference graph of ``outputs`` with the trained values to ``path``, atomically.
+
+        ``inputs`` and ``outputs`` map signature names to tensors (or their names): the file
+        keeps only what the outputs need from the inputs, in inference mode (dropout is the
+        identity, training switches are off; see :mod:`workbench.graph.export`), the
+        variables' current values, the signature (batch axis of any size) and the
+        workbench version. ``feed_dict`` freezes other placeholders to values.
+        :func:`workbench.load_model` reads it back; :func:`workbench.export_onnx` writes ONNX.
+        """
+        from workbench import modelfile
+        from workbench.graph.export import inference_graph
+
+        graph, signature = inference_graph(self.graph, inputs, outputs, self.variables, feed_dict)
+        return modelfile.write(path, graph, signature, private=private)
 
     def set_variables(self, values: dict, strict: bool = False) -> None:
         """Set variables from ``values`` (name to array), after checking every name, shape and dtype.

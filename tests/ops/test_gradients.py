@@ -18,6 +18,7 @@ import pytest
 
 import workbench as wb
 from workbench import ops
+from workbench.graph.tree import flatten
 from workbench.ops.array import encode_index
 from workbench.ops.registry import REGISTRY
 
@@ -220,6 +221,87 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
                           Case(lambda x: wb.dropout(x, 0.5, seed=3), (normal(r, 4, 5),), dynamic=True, fresh=True)],
 }  # fmt: skip
 
+
+def leaves(value):
+    """The tensors of a nested result (a scan's carry and outputs), as one tuple."""
+    return tuple(flatten(value)[0])
+
+
+def ln_case(r, shape, axis):
+    axes = (axis,) if isinstance(axis, int) else axis
+    pshape = tuple(shape[a] for a in axes)
+    return Case(
+        lambda x, s, o: wb.layer_norm(x, s, o, axis=axis), (normal(r, *shape), normal(r, *pshape), normal(r, *pshape))
+    )
+
+
+def attention_cases(r):
+    q, k, v = normal(r, 2, 2, 3, 4), normal(r, 2, 2, 5, 4), normal(r, 2, 2, 5, 3)
+    mask = r.random((2, 1, 3, 5)) < 0.7
+    mask[..., 0] = True  # every query sees a key
+    sdpa = wb.scaled_dot_product_attention
+    return [
+        Case(sdpa, (q, k, v)),
+        Case(lambda q, k, v: sdpa(q, k, v, causal=True), (q, k[:, :, :3], v[:, :, :3])),
+        Case(lambda q, k, v, m: sdpa(q, k, v, mask=m, scale=0.3), (q, k, v, mask)),
+    ]
+
+
+def avg_pool_grad_cases(r):
+    cases = []
+    for size, stride, padding in [((2, 2), (2, 2), "valid"), ((3, 3), (2, 2), "same"), ((2, 3), (1, 2), "same")]:
+        g = normal(r, 1, 2, conv_out(5, size[0], stride[0], padding), conv_out(6, size[1], stride[1], padding))
+        fn = lambda g, x, a=(size, stride, padding): wb.ops.pool.avg_pool2d_grad(g, x, *a)  # noqa: E731
+        cases.append(Case(fn, (g, normal(r, 1, 2, 5, 6))))
+    return cases
+
+
+def pad_grad_cases(r):
+    cases = []
+    for paddings, mode in [(((1, 0), (2, 1)), "constant"), (((2, 1), (1, 3)), "reflect")]:
+        x = normal(r, 4, 5)
+        g = normal(r, *(d + b + a for d, (b, a) in zip(x.shape, paddings)))
+        cases.append(Case(lambda g, x, p=paddings, m=mode: wb.ops.indexing.pad_grad(g, x, p, m), (g, x)))
+    return cases
+
+
+GRADIENT_CASES.update({
+    "erf": lambda r: [Case(wb.erf, (normal(r, 3, 4),))],
+    "rsqrt": lambda r: [Case(wb.rsqrt, (positive(r, 3, 4),))],
+    "square": lambda r: [Case(wb.square, (normal(r, 3, 4),))],
+    "gelu": lambda r: [Case(wb.gelu, (normal(r, 3, 4) * 2,)), Case(lambda x: wb.gelu(x, "tanh"), (normal(r, 3, 4) * 2,))],
+    "clip": lambda r: [Case(wb.clip, (away_from_zero(r, 3, 4), -0.5 + 0.05 * normal(r, 4), 0.5 + 0.05 * normal(r, 3, 1))),
+                       Case(lambda x: wb.clip(x, -1.0, 1.0), (normal(r, 3, 4) * 2 + 0.03,))],
+    "layer_norm": lambda r: [ln_case(r, (3, 5), -1), ln_case(r, (2, 3, 4), (1, 2)), ln_case(r, (2, 3, 4), 1)],
+    "moments": lambda r: [Case(lambda x, a=a, k=k: wb.moments(x, a, keepdims=k), (normal(r, 2, 3, 4),))
+                          for a, k in [((0,), False), ((0, 2), True), (-1, False)]],
+    "avg_pool2d": lambda r: [Case(lambda x, a=a: wb.avg_pool2d(x, *a), (normal(r, 1, 2, 5, 6),))
+                             for a in [(2,), (3, 2, "same"), (2, 1), (2, 2, "same"), ((2, 3), (1, 2), "same")]],
+    "avg_pool2d_grad": avg_pool_grad_cases,
+    "pad": lambda r: [Case(lambda x: wb.pad(x, [(1, 2), (0, 3)], value=1.5), (normal(r, 3, 4),)),
+                      Case(lambda x: wb.pad(x, [(2, 1), (1, 3)], "reflect"), (normal(r, 4, 5),)),
+                      Case(lambda x: wb.pad(x, [(0, 0), (1, 1), (2, 0)], "reflect"), (normal(r, 2, 3, 4),))],
+    "pad_grad": pad_grad_cases,
+    "cumsum": lambda r: [Case(lambda x, a=a, e=e, v=v: wb.cumsum(x, a, exclusive=e, reverse=v), (normal(r, 3, 4),))
+                         for a, e, v in [(0, False, False), (1, True, False), (-1, False, True), (0, True, True)]],
+    "top_k": lambda r: [Case(lambda x: wb.top_k(x, 2)[0], (distinct(r, 3, 5),)),
+                        Case(lambda x: wb.top_k(x, 3)[0], (distinct(r, 2, 2, 4),))],
+    "scatter_add": lambda r: [Case(wb.scatter_add, (normal(r, 4, 3), indices(1, 3, 1, 1), normal(r, 4, 3))),
+                              Case(wb.scatter_add, (normal(r, 5), indices([0, 4], [4, 2]), normal(r, 2, 2)))],
+    "scaled_dot_product_attention": attention_cases,
+    "scan": lambda r: [
+        Case(lambda xs, h, w: wb.scan(lambda h, x: (wb.tanh(h * w + x), h * x), xs, h), (normal(r, 4, 3), normal(r, 3), normal(r, 3))),
+        Case(lambda xs, a, b: leaves(wb.scan(lambda c, x: ((c[0] * x[0], c[1] + wb.sum(x[1])), [c[0] - x[1]]), (xs, xs * 2.0),
+                                             (a, b), reverse=True)), (normal(r, 3, 2), normal(r, 2), normal(r))),
+        Case(lambda h, w: wb.scan(lambda h, _: (wb.tanh(h) * w, None), None, h, length=3)[0], (normal(r, 2), normal(r, 2))),
+    ],
+    "cond": lambda r: [
+        Case(lambda p, x, y: wb.cond(p, lambda: x * y, lambda: wb.exp(x)), (np.array(v), normal(r, 3), normal(r, 3)))
+        for v in (True, False)
+    ] + [Case(lambda p, x, y: wb.cond(p, lambda: (x, y * 2.0), lambda: (y, x * x)), (np.array(v), normal(r, 2), normal(r, 2)))
+         for v in (True, False)],
+})  # fmt: skip
+
 ZERO_BY_DEFINITION = {"stop_gradient"}  # the gradient is zero whatever finite differences say
 
 CASES = [
@@ -381,6 +463,8 @@ SECOND_ORDER = (
     "reduce_to_like", "broadcast_like", "softmax", "log_softmax", "reshape", "transpose", "expand_dims", "stack",
     "getitem", "getitem_grad", "gather", "gather_grad", "conv2d", "conv2d_input_grad", "conv2d_filter_grad",
 )  # fmt: skip
+SECOND_ORDER += ("erf", "rsqrt", "square", "clip", "moments", "avg_pool2d", "avg_pool2d_grad", "pad", "pad_grad",
+                 "cumsum", "scatter_add", "scan", "cond")  # fmt: skip
 SECOND_CASES = [(n, i, c) for n, i, c in CASES if n in SECOND_ORDER or (n == "concat" and not c.dynamic)]
 
 

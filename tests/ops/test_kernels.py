@@ -9,8 +9,9 @@ NumPy (naive loops for convolution and pooling). Each case also runs with
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import array_api_strict as xps
 import numpy as np
@@ -376,6 +377,275 @@ KERNEL_CASES: dict[str, list[KCase]] = {
     "assign_add": [K([normal(3, 4), normal(3, 4)], np.add), K([normal(3, 4), normal(4)], np.add)],
     "assign_sub": [K([normal(3, 4), normal(3, 4)], np.subtract)],
 }  # fmt: skip
+
+# -- references of the normalization, attention, pooling, padding, special and indexing ops ----------
+
+ERF = np.vectorize(math.erf)
+
+
+def gelu_reference(x, approximate):
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return x * 0.5 * (1 + ERF(x / math.sqrt(2)))
+
+
+def gelu_grad_reference(g, x, approximate, eps=1e-6):
+    # the derivative written out, checked against a central difference in the gradient tests
+    if approximate == "tanh":
+        c = math.sqrt(2 / math.pi)
+        t = np.tanh(c * (x + 0.044715 * x**3))
+        return g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x))
+    return g * (0.5 * (1 + ERF(x / math.sqrt(2))) + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi))
+
+
+def ln_reference(x, scale, offset, axis, epsilon):
+    axes = tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+    mean = x.mean(axis=axes, keepdims=True)
+    var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
+    shape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+    rstd = 1 / np.sqrt(var + epsilon)
+    return (x - mean) * rstd * scale.reshape(shape) + offset.reshape(shape), mean, rstd
+
+
+def ln_grad_reference(g, x, scale, mean, rstd, axis):
+    """Backward of layer norm by the chain rule over every element (a Jacobian per row)."""
+    axes = tuple(a % x.ndim for a in ((axis,) if isinstance(axis, int) else axis))
+    others = tuple(i for i in range(x.ndim) if i not in axes)
+    shape = [x.shape[i] if i in axes else 1 for i in range(x.ndim)]
+    xhat = (x - mean) * rstd
+    n = np.prod([x.shape[a] for a in axes])
+    gx = np.moveaxis(g * scale.reshape(shape), axes, range(-len(axes), 0)).reshape(-1, n)
+    xh = np.moveaxis(xhat, axes, range(-len(axes), 0)).reshape(-1, n)
+    r = np.moveaxis(np.broadcast_to(rstd, x.shape), axes, range(-len(axes), 0)).reshape(-1, n)[:, 0]
+    dx = np.empty_like(gx)
+    for row in range(gx.shape[0]):
+        jac = r[row] * (np.eye(n) - 1 / n - np.outer(xh[row], xh[row]) / n)  # d xhat / d x, symmetric
+        dx[row] = jac @ gx[row]
+    moved = np.moveaxis(xhat, axes, range(-len(axes), 0)).shape
+    dx = np.moveaxis(dx.reshape(moved), range(-len(axes), 0), axes)
+    return dx, (g * xhat).sum(axis=others).reshape(scale.shape), g.sum(axis=others).reshape(scale.shape)
+
+
+def naive_avg_pool(x, size, stride, padding):
+    xpad, _, ho, wo = padded(x, size, stride, padding, fill=np.nan)
+    out = np.zeros(x.shape[:2] + (ho, wo))
+    for i, j in itertools.product(range(ho), range(wo)):
+        out[:, :, i, j] = np.nanmean(window(xpad, i, j, size, stride), axis=(2, 3))  # padding never counts
+    return out
+
+
+def naive_avg_pool_grad(g, x, size, stride, padding):
+    xpad, (t, left), ho, wo = padded(x, size, stride, padding, fill=np.nan)
+    dpad = np.zeros_like(xpad)
+    for n, c, i, j in itertools.product(range(x.shape[0]), range(x.shape[1]), range(ho), range(wo)):
+        win = window(xpad[n, c], i, j, size, stride)
+        real = ~np.isnan(win)
+        window(dpad[n, c], i, j, size, stride)[real] += g[n, c, i, j] / real.sum()
+    return dpad[:, :, t : t + x.shape[2], left : left + x.shape[3]]
+
+
+def naive_pad_grad(g, x, paddings, mode):
+    # the adjoint: add each output element's gradient to the input element it copies
+    ids = np.arange(x.size).reshape(x.shape)
+    source = np.pad(ids, paddings, mode="reflect") if mode == "reflect" else np.pad(ids, paddings, constant_values=-1)
+    out = np.zeros(x.size)
+    for k, v in zip(source.ravel(), g.ravel()):
+        if k >= 0:
+            out[k] += v
+    return out.reshape(x.shape)
+
+
+def naive_cumsum(x, axis, exclusive, reverse):
+    x = np.flip(x, axis) if reverse else x
+    out = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if exclusive:
+        out = out - x
+    return np.flip(out, axis) if reverse else out
+
+
+def naive_top_k(x, k):
+    flat = x.reshape(-1, x.shape[-1])
+    idx = np.array(
+        [
+            sorted(range(len(row)), key=lambda i, row=row: (-int(row[i]) if row.dtype.kind == "u" else -row[i], i))[:k]
+            for row in flat
+        ],
+        dtype=np.int64,
+    )
+    return np.take_along_axis(flat, idx, axis=-1).reshape(x.shape[:-1] + (k,)), idx.reshape(x.shape[:-1] + (k,))
+
+
+def naive_top_k_grad(g, indices, x):
+    out = np.zeros(x.shape)
+    for pos in np.ndindex(indices.shape):
+        out[pos[:-1] + (indices[pos],)] += g[pos]
+    return out
+
+
+def naive_scatter_add(base, indices, updates):
+    out = base.copy()
+    for pos in np.ndindex(indices.shape):
+        out[indices[pos]] += updates[pos]
+    return out
+
+
+def attention_reference(q, k, v, mask=None, causal=False, scale=None):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    allowed = np.ones(s.shape, bool) if mask is None else np.broadcast_to(mask, s.shape)
+    if causal:
+        allowed = allowed & np.tril(np.ones(s.shape[-2:], bool))
+    s = np.where(allowed, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    return np.einsum("bhqk,bhkd->bhqd", p, v), p
+
+
+def attention_grad_reference(g, q, k, v, p, scale):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    dp = np.einsum("bhqd,bhkd->bhqk", g, v)
+    ds = np.empty_like(p)
+    for pos in np.ndindex(p.shape[:-1]):  # the softmax Jacobian, row by row
+        row = p[pos]
+        ds[pos] = (np.diag(row) - np.outer(row, row)) @ dp[pos]
+    ds = ds * scale
+    return np.einsum("bhqk,bhkd->bhqd", ds, k), np.einsum("bhqk,bhqd->bhkd", ds, q), np.einsum("bhqk,bhqd->bhkd", p, g)
+
+
+def ln_cases():
+    cases = []
+    for shape, axis in [((3, 5), (1,)), ((2, 3, 4), (1, 2)), ((2, 3, 4), (1,)), ((4, 6), (0,))]:
+        x = normal(*shape) * 3 + 1
+        pshape = tuple(shape[a] for a in axis)
+        s, o = normal(*pshape), normal(*pshape)
+        cases.append(K([x, s, o], lambda x, s, o, a=axis: ln_reference(x, s, o, a, 1e-5), axis=axis, epsilon=1e-5))
+    return cases
+
+
+def ln_grad_cases():
+    cases = []
+    for shape, axis in [((3, 5), (1,)), ((2, 3, 4), (1, 2)), ((2, 3, 4), (1,))]:
+        x, g = normal(*shape), normal(*shape)
+        s = normal(*(shape[a] for a in axis))
+        _, mean, rstd = ln_reference(x, s, s, axis, 1e-5)
+        cases.append(K([g, x, s, mean, rstd], lambda *a, ax=axis: ln_grad_reference(*a, ax), axis=axis))
+    return cases
+
+
+def avg_pool_cases(grad):
+    cases = []
+    for k, st, p in POOL_GEOMETRY + [((3, 3), (1, 1), "same"), ((3, 2), (2, 3), "same")]:
+        x = normal(2, 2, 5, 6)
+        if grad:
+            g = normal(2, 2, pads(5, k[0], st[0], p)[2], pads(6, k[1], st[1], p)[2])
+            cases.append(
+                K([g, x], lambda g, x, k=k, s=st, p=p: naive_avg_pool_grad(g, x, k, s, p), size=k, stride=st, padding=p)
+            )
+        else:
+            cases.append(K([x], lambda x, k=k, s=st, p=p: naive_avg_pool(x, k, s, p), size=k, stride=st, padding=p))
+    return cases
+
+
+def attention_kernel_cases(grad):
+    q, k, v = normal(2, 3, 4, 5), normal(2, 3, 6, 5), normal(2, 3, 6, 2)
+    mask = RNG.random((2, 1, 4, 6)) < 0.6
+    mask[..., 0] = True
+    cases = [
+        ((q, k, v), {"causal": False, "scale": None}),
+        ((q, k[:, :, :4], v[:, :, :4]), {"causal": True, "scale": None}),
+        ((q, k, v, mask), {"causal": True, "scale": 0.25}),
+    ]
+    if not grad:
+        return [K(ins, lambda *a, at=at: attention_reference(*a, **at), **at) for ins, at in cases]
+    out = []
+    for ins, at in cases:
+        _, p = attention_reference(*ins, **at)
+        g = normal(*ins[0].shape[:3], ins[2].shape[-1])
+        out.append(K([g, *ins[:3], p], lambda *a, sc=at["scale"]: attention_grad_reference(*a, sc), scale=at["scale"]))
+    return out
+
+
+def control_flow_cases():
+    """A scan and a cond built in a graph: their attributes hold the bodies the kernels run."""
+    import workbench as wb
+
+    with wb.Graph().as_default():
+        xs, h0, w = (
+            wb.placeholder(n, shape=s, dtype="float64") for n, s in (("xs", (5, 3)), ("h0", (3,)), ("w", (3,)))
+        )
+        final, _ = wb.scan(lambda h, x: (wb.tanh(h * w + x), h * x), xs, h0)
+        back, _ = wb.scan(lambda c, x: (c + x, c * 2.0), xs, h0, reverse=True)
+        p = wb.placeholder("p", shape=(), dtype="bool")
+        picked = wb.cond(p, lambda: (h0 * w, wb.cast(wb.argmax(w), "float64")), lambda: (h0 - 1.0, wb.sum(w)))
+    x_v, h_v, w_v = normal(5, 3), normal(3), normal(3)
+
+    def rnn(h, xs, w):
+        ys, hist = [], []
+        for x in xs:
+            hist.append(h)
+            ys.append(h * x)
+            h = np.tanh(h * w + x)
+        return h, np.stack(ys), np.stack(hist)
+
+    def suffix(c, xs):
+        ys, hist = [None] * len(xs), [None] * len(xs)
+        for t in reversed(range(len(xs))):
+            hist[t], ys[t] = c, c * 2.0
+            c = c + xs[t]
+        return c, np.stack(ys), np.stack(hist)
+
+    branch = lambda p, h, w: (h * w, np.float64(np.argmax(w))) if p else (h - 1.0, np.sum(w))  # noqa: E731
+    scans = [K([h_v, x_v, w_v], rnn, **final.op.attrs), K([h_v, x_v], suffix, **back.op.attrs)]
+    conds = [K([np.array(v), h_v, w_v], branch, **picked[0].op.attrs) for v in (True, False)]
+    return scans, conds
+
+
+SCAN_CASES, COND_CASES = control_flow_cases()
+
+KERNEL_CASES.update({
+    "scan": SCAN_CASES,
+    "cond": COND_CASES,
+    "erf": [K([normal(3, 4) * 2], ERF), K([np.array([-7.0, -5.9, -3.0, -1e-9, 0.0, 0.3, 2.5, 5.5, 30.0])], ERF)],
+    "rsqrt": [K([positive(3, 4)], lambda x: 1 / np.sqrt(x)), K([positive(3).astype(np.float32)], lambda x: (1 / np.sqrt(x)))],
+    "square": [K([normal(3, 4)], np.square), K([ints(-3, 4)], np.square)],
+    "gelu": [K([normal(3, 4) * 3], lambda x, a=a: gelu_reference(x, a), approximate=a) for a in ("none", "tanh")] +
+            [K([normal(5, dtype=np.float32)], lambda x: gelu_reference(x.astype(np.float64), "none").astype(np.float32),
+               approximate="none")],
+    "gelu_grad": [K([normal(3, 4), x, gelu_reference(x, a)], lambda g, x, y, a=a: gelu_grad_reference(g, x, a), approximate=a)
+                  for a in ("none", "tanh") for x in (np.concatenate([normal(3, 3) * 3, np.zeros((3, 1))], axis=1),)],
+    "clip": [K([normal(3, 4), np.array(-0.5), np.array(0.5)], np.clip), K([normal(3, 4), normal(4) - 1, normal(3, 1) + 1],
+                                                                              lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi)),
+             K([ints(-5, 0, 7), ints(-1), ints(3)], np.clip)],
+    "layer_norm": ln_cases(),
+    "layer_norm_grad": ln_grad_cases(),
+    "moments": [K([normal(2, 3, 4)], lambda x, a=a, k=k: (x.mean(axis=a, keepdims=k), x.var(axis=a, keepdims=k)),
+                  axis=a, keepdims=k) for a, k in [((0,), False), ((0, 2), True), (-1, False), (None, False)]],
+    "avg_pool2d": avg_pool_cases(grad=False),
+    "avg_pool2d_grad": avg_pool_cases(grad=True),
+    "pad": [K([normal(3, 4)], lambda x: np.pad(x, ((1, 2), (0, 3)), constant_values=1.5), paddings=((1, 2), (0, 3)),
+              mode="constant", value=1.5),
+            K([normal(4, 5)], lambda x: np.pad(x, ((2, 1), (1, 4)), mode="reflect"), paddings=((2, 1), (1, 4)), mode="reflect",
+              value=0),
+            K([ints([1, 2], [3, 4])], lambda x: np.pad(x, ((0, 1), (1, 0)), constant_values=7), paddings=((0, 1), (1, 0)),
+              mode="constant", value=7)],
+    "pad_grad": [K([normal(6, 7), normal(3, 4)], lambda g, x: naive_pad_grad(g, x, ((1, 2), (0, 3)), "constant"),
+                   paddings=((1, 2), (0, 3)), mode="constant"),
+                 K([normal(7, 10), normal(4, 5)], lambda g, x: naive_pad_grad(g, x, ((2, 1), (1, 4)), "reflect"),
+                   paddings=((2, 1), (1, 4)), mode="reflect")],
+    "cumsum": [K([normal(3, 4)], lambda x, a=a, e=e, r=r: naive_cumsum(x, a, e, r), axis=a, exclusive=e, reverse=r)
+               for a, e, r in [(0, False, False), (1, True, False), (-1, False, True), (0, True, True)]] +
+              [K([ints([1, 2], [3, 4], dtype=np.int32)], lambda x: naive_cumsum(x, 1, False, False), axis=1, exclusive=False,
+                 reverse=False)],
+    "top_k": [K([normal(3, 6)], lambda x: naive_top_k(x, 3), k=3),
+              K([np.array([[1.0, 3.0, 3.0, 2.0, 3.0]])], lambda x: naive_top_k(x, 4), k=4),  # ties: the lower index first
+              K([ints([4, 9, 9, 2], [0, 0, 0, 0], dtype=np.uint8)], lambda x: naive_top_k(x, 2), k=2)],
+    "top_k_grad": [K([normal(3, 2), ints([0, 4], [3, 1], [2, 0]), normal(3, 5)], naive_top_k_grad)],
+    "scatter_add": [K([normal(4, 3), ints(1, 3, 1, 1), normal(4, 3)], naive_scatter_add),
+                    K([normal(5), ints([0, 4], [4, 2]), normal(2, 2)], naive_scatter_add),
+                    K([ints(0, 0, 0), ints(2, 2), ints(5, 6)], naive_scatter_add)],
+    "scaled_dot_product_attention": attention_kernel_cases(grad=False),
+    "scaled_dot_product_attention_grad": attention_kernel_cases(grad=True),
+})  # fmt: skip
 
 CASES = [(name, i, case) for name, cases in KERNEL_CASES.items() for i, case in enumerate(cases)]
 IDS = [f"{name}-{i}" for name, i, _ in CASES]

@@ -76,6 +76,37 @@ BAD_GRAPHS = [
     ("dropout", lambda: wb.dropout(ph(2, 3), 1.0), "rate must be in [0, 1), got 1.0", wb.ShapeError),
 ]  # fmt: skip
 
+BAD_GRAPHS += [
+    ("rsqrt", lambda: wb.rsqrt(ph(3, dtype="int32")), "input must be a float tensor, got int32", wb.DTypeError),
+    ("gelu", lambda: wb.gelu(ph(3), approximate="fast"), 'approximate must be "none" or "tanh", got \'fast\'', wb.ShapeError),
+    ("clip", lambda: wb.clip(ph(3, 4), ph(5), 1.0), "shapes (3, 4), (5,), () do not broadcast", wb.ShapeError),
+    ("layer_norm", lambda: wb.layer_norm(ph(2, 8), ph(4), ph(8)), "scale (4,) must have the shape (8,) of x (2, 8) on axis (-1,)",
+     wb.ShapeError),
+    ("moments", lambda: wb.moments(ph(2, 3), axes=[2]), "axis 2 is out of range for a tensor of rank 2", wb.ShapeError),
+    ("avg_pool2d", lambda: wb.avg_pool2d(ph(1, 3, 3, 3), 4), "window (4, 4) is larger than the input (3, 3)", wb.ShapeError),
+    ("avg_pool2d", lambda: wb.avg_pool2d(ph(1, 3, 8, 8), 2, padding="SAME"), 'padding must be "same" or "valid"',
+     wb.ShapeError),
+    ("pad", lambda: wb.pad(ph(2, 3), [(1, 1)]), "paddings give 1 axes for x (2, 3) of rank 2", wb.ShapeError),
+    ("pad", lambda: wb.pad(ph(2, 3), [(1, 1), (3, 0)], mode="reflect"),
+     "reflect padding (3, 0) of axis 1 needs at most 2 on each side (size 3)", wb.ShapeError),
+    ("pad", lambda: wb.pad(ph(2, 3), [(1, 1), (0, 0)], mode="edge"), 'mode must be "constant" or "reflect", got \'edge\'',
+     wb.ShapeError),
+    ("pad", lambda: wb.pad(ph(2, 3), 3), "paddings must be a list of (before, after) pairs, one per axis, got 3", wb.ShapeError),
+    ("cumsum", lambda: wb.cumsum(ph(2, 3), axis=2), "axis 2 is out of range for a tensor of rank 2", wb.ShapeError),
+    ("top_k", lambda: wb.top_k(ph(2, 3), 4), "k = 4 is out of range for a last axis of size 3", wb.ShapeError),
+    ("scatter_add", lambda: wb.scatter_add(ph(5, 3), labels(2), ph(2, 4)),
+     "updates (2, 4) must have the shape (2, 3): indices (2,) followed by base (5, 3) without its first axis", wb.ShapeError),
+    ("scatter_add", lambda: wb.scatter_add(ph(5, 3), ph(2), ph(2, 3)), "indices must be an integer tensor, got float32",
+     wb.DTypeError),
+    ("scaled_dot_product_attention", lambda: wb.scaled_dot_product_attention(ph(2, 4, 8), ph(2, 4, 8), ph(2, 4, 8)),
+     "needs q, k and v of shape (batch, heads, length, depth), got (2, 4, 8)", wb.ShapeError),
+    ("scaled_dot_product_attention", lambda: wb.scaled_dot_product_attention(ph(1, 2, 4, 8), ph(1, 2, 5, 6), ph(1, 2, 5, 6)),
+     "q (1, 2, 4, 8) and k (1, 2, 5, 6) have different depths", wb.ShapeError),
+    ("scaled_dot_product_attention",
+     lambda: wb.scaled_dot_product_attention(ph(1, 2, 4, 8), ph(1, 2, 5, 8), ph(1, 2, 5, 8), mask=ph(4, 5)),
+     "mask must be a bool tensor (True where attention is allowed), got float32", wb.DTypeError),
+]  # fmt: skip
+
 
 def where_built(build) -> str:
     """The ``File "...", line N: code`` part the message must end with: the line of ``build``."""

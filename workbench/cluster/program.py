@@ -33,7 +33,7 @@ from workbench.graph.compile import PlanCache, compile_plan
 from workbench.graph.batch_reduction import batch_reductions, fetch_reduction, join, loss_reduction, weighted
 from workbench.graph.core import Graph, Operation
 from workbench.graph.device import Device
-from workbench.graph.passes import optimize
+from workbench.graph.passes import bind_placeholders, optimize
 
 
 @dataclass(frozen=True)
@@ -111,12 +111,13 @@ class TrainingProgram:
     def for_fit(cls, request) -> TrainingProgram:
         """The program of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest`), for any strategy."""
         return cls.from_graph(
-            request.graph,
+            bind_placeholders(request.graph, request.feeds),  # fit(feed_dict=...): the same at every step
             request.train,
             list(request.fetches.values()),
             seed=request.seed,
             device=request.device.kind,
             device_options=request.device.options,
+            fed=list(request.data),
             check_numerics=request.check_numerics,
         )
 
@@ -129,9 +130,14 @@ class TrainingProgram:
         seed: int = 0,
         device: str = "cpu",
         device_options: dict | None = None,
+        fed=None,
         check_numerics: bool = False,
     ) -> TrainingProgram:
-        """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded."""
+        """Split ``graph`` at the gradients that the optimizer behind ``train`` recorded.
+
+        ``fed`` names the placeholders the data feeds (default: those without a default
+        value); the others take their defaults.
+        """
         train_name = (
             train.name if isinstance(train, Operation) else train.op.name if hasattr(train, "op") else str(train)
         )
@@ -145,7 +151,9 @@ class TrainingProgram:
         gradients = tuple(record.gradient_names)
         gradient_ops = tuple(graph.get(g).op.name for g in gradients)
         fetches = tuple(fetches)
-        replica = optimize(graph, list(gradients) + list(fetches), fed=[p.name for p in graph.placeholders])
+        if fed is None:
+            fed = [p.name for p in graph.placeholders if p.op.attrs.get("default") is None]
+        replica = optimize(graph, list(gradients) + list(fetches), fed=list(fed))
         update = optimize(graph, [train_name], fed=gradients)
         fed_to_update = {op.name for op in update.operations if op.type == "placeholder"} - set(gradient_ops)
         if fed_to_update:

@@ -56,7 +56,9 @@ FLOAT_DTYPES = (*FLOATS, "bfloat16")
 #: Dtypes each kind of kernel can hold (CuPy arrays, and so elementwise kernels, have no bfloat16).
 C_HALF_OK = {"elementwise": frozenset(C_TYPES) - {"bfloat16"}, "raw": frozenset(C_TYPES)}
 
-FLOAT_ONLY = frozenset({"divide", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "relu_grad"})
+FLOAT_ONLY = frozenset(
+    {"divide", "pow", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "relu_grad", "rsqrt", "erf", "gelu", "gelu_grad"}
+)
 
 #: The C expression of each op: ``{0}``, ``{1}`` ... are its arguments, ``{T}`` the C
 #: type of its result. Ops missing here (or with a dtype outside C_TYPES) stay unfused.
@@ -90,6 +92,23 @@ C_EXPRESSIONS = {
     "stop_gradient": "{0}",
     "zeros_like": "({T})0",
     "ones_like": "({T})1",
+    "rsqrt": "({T})1 / sqrt({0})",
+    "square": "{0} * {0}",
+    "erf": "erf({0})",
+    "clip": "({0} < {1}) ? {1} : (({0} > {2}) ? {2} : {0})",  # min(max(x, lo), hi); NaN stays NaN
+    # exact GELU; expression() swaps in the tanh forms for approximate="tanh"
+    "gelu": "({T})0.5 * {0} * (({T})1 + erf({0} * ({T})0.7071067811865476))",
+    "gelu_grad": "{0} * (({T})0.5 * (({T})1 + erf({1} * ({T})0.7071067811865476))"
+    " + {1} * ({T})0.3989422804014327 * exp(({T})-0.5 * {1} * {1}))",
+}
+
+#: ``approximate="tanh"`` forms of gelu and its gradient (``t`` = tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+_GELU_TANH_T = "tanh(({T})0.7978845608028654 * ({X} + ({T})0.044715 * {X} * {X} * {X}))"
+GELU_TANH = {
+    "gelu": "({T})0.5 * {0} * (({T})1 + " + _GELU_TANH_T.replace("{X}", "{0}") + ")",
+    "gelu_grad": "{0} * (({T})0.5 * (({T})1 + " + _GELU_TANH_T.replace("{X}", "{1}") + ") + ({T})0.5 * {1} * "
+    "(({T})1 - " + _GELU_TANH_T.replace("{X}", "{1}") + " * " + _GELU_TANH_T.replace("{X}", "{1}") + ") * "
+    "({T})0.7978845608028654 * (({T})1 + ({T})0.134145 * {1} * {1}))",
 }
 
 
@@ -149,6 +168,8 @@ def expression(op_type: str, args, out_dtype: str, attrs: dict | None = None, di
         return f"({args[0]} != 0)"
     if op_type == "cast" and out_dtype in HALF[dialect]:  # computed in float, but rounded here as NumPy does
         return load(store(args[0], out_dtype, dialect), out_dtype, dialect)
+    if op_type in GELU_TANH and (attrs or {}).get("approximate") == "tanh":
+        return GELU_TANH[op_type].format(*args, T=ctype)
     return C_EXPRESSIONS[op_type].format(*args, T=ctype)
 
 

@@ -14,6 +14,8 @@ from workbench.graph.core import (
 from workbench.graph.gradients import gradients
 from workbench.graph.passes import eliminate_common_subexpressions, fold_constants, optimize, prune, validate
 from workbench.graph.plan import Plan
+from workbench.graph.cond import cond
+from workbench.graph.scan import scan
 
 __all__ = [
     "Graph",
@@ -22,6 +24,8 @@ __all__ = [
     "Source",
     "Tensor",
     "Variable",
+    "cond",
+    "scan",
     "eliminate_common_subexpressions",
     "fold_constants",
     "get_default_graph",

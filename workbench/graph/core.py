@@ -167,6 +167,9 @@ class Graph:
     (None,)
     """
 
+    #: The graph a control-flow body is built inside (see :mod:`workbench.graph.control`); None for a graph.
+    parent: Graph | None = None
+
     def __init__(self, name: str = "graph"):
         self.name = name
         self.operations: list[Operation] = []
@@ -429,6 +432,9 @@ def _to_tensor(value, graph: Graph, like: str | None, source) -> Tensor:
 
 def build(op_type: str, inputs, attrs: dict, name: str | None):
     """Add an op to the graph of its tensor inputs (or the default graph)."""
+    current = get_default_graph()
+    if current.parent is not None:  # a control-flow body: tensors of enclosing graphs become its inputs
+        inputs = tuple(current.capture(t) if isinstance(t, Tensor) and t.graph is not current else t for t in inputs)
     graphs = {id(t.graph): t.graph for t in inputs if isinstance(t, Tensor)}
     if len(graphs) > 1:
         names = ", ".join(repr(g.name) for g in graphs.values())

@@ -1,7 +1,9 @@
 """Graph passes: pure functions from a graph to a new graph with the same names.
 
-``prune`` keeps what the fetches need, ``fold_constants`` evaluates ops whose
-inputs are all constants, ``eliminate_common_subexpressions`` merges ops that
+``prune`` keeps what the fetches need, ``bind_placeholders`` turns placeholders
+into constants of given values (``bind_defaults``: the defaults of those not fed),
+``fold_constants`` evaluates ops whose inputs are all constants (and picks the
+branch of a ``where`` whose condition is a known scalar), ``eliminate_common_subexpressions`` merges ops that
 compute the same thing (the removed names become aliases of the kept ones), and
 ``validate`` checks a graph's invariants; the tests run it after every pass.
 """
@@ -99,6 +101,47 @@ def prune(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Grap
     return rebuild(graph, keep=needed.__contains__, replace=cut)[0]
 
 
+def bind_placeholders(graph: Graph, values: dict) -> Graph:
+    """``graph`` with each placeholder named in ``values`` (name to array) replaced by a
+    constant of that value, under the same name; the optimizer records are kept."""
+    if not values:
+        return graph
+
+    def bind(op, inputs):
+        if op.type != "placeholder" or op.name not in values:
+            return None
+        value = np.array(values[op.name], dtype=op.outputs[0].dtype)
+        value.setflags(write=False)
+        return "constant", (), {"value": value}
+
+    new = rebuild(graph, replace=bind)[0]
+    new.training = dict(graph.training)
+    return new
+
+
+def placeholder_defaults(graph: Graph, fed: Iterable[str] = ()) -> dict:
+    """Name to default value of the placeholders of ``graph`` that have one and are not in ``fed``."""
+    fed = {name.partition(":")[0] for name in fed}
+    return {
+        op.name: op.attrs["default"]
+        for op in graph.operations
+        if op.type == "placeholder" and op.attrs.get("default") is not None and op.name not in fed
+    }
+
+
+def bind_defaults(graph: Graph, fed: Iterable[str] = ()) -> Graph:
+    """``graph`` with every placeholder that has a default and is not ``fed`` bound to its default."""
+    return bind_placeholders(graph, placeholder_defaults(graph, fed))
+
+
+def _chosen_branch(op: Operation, inputs):
+    """For ``where(c, a, b)`` with ``c`` a constant scalar: ``a`` or ``b``, when it has the output's shape."""
+    if op.type != "where" or inputs[0].op.type != "constant" or inputs[0].op.attrs["value"].ndim != 0:
+        return None
+    branch = inputs[1] if bool(inputs[0].op.attrs["value"]) else inputs[2]
+    return branch if branch.spec == op.outputs[0].spec else None
+
+
 def _foldable(op: Operation, inputs) -> bool:
     """Whether ``op`` (with ``inputs``, its already folded inputs) can become a constant."""
     opdef = op.opdef
@@ -116,6 +159,9 @@ def fold_constants(graph: Graph) -> Graph:
     """Replace ops whose value is known before the graph runs by constants."""
 
     def replace(op, inputs):
+        branch = _chosen_branch(op, inputs)
+        if branch is not None:
+            return "identity", (branch,), {}
         if not _foldable(op, inputs):
             return None
         spec = op.outputs[0].spec
@@ -173,9 +219,11 @@ def eliminate_common_subexpressions(graph: Graph, max_constant: int = 1024) -> G
 
 
 def optimize(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Graph:
-    """The passes a plan runs: prune, fold constants, merge common subexpressions, prune again."""
-    fetches = list(fetches)
-    graph = eliminate_common_subexpressions(fold_constants(prune(graph, fetches, fed)))
+    """The passes a plan runs: prune, bind the defaults of placeholders not fed, fold constants,
+    merge common subexpressions, prune again."""
+    fetches, fed = list(fetches), list(fed)
+    graph = bind_defaults(prune(graph, fetches, fed), fed)
+    graph = eliminate_common_subexpressions(fold_constants(graph))
     return prune(graph, fetches, fed)
 
 

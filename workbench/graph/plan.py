@@ -138,6 +138,8 @@ class Plan:
         opdef, xp, attrs = op.opdef, self.xp, op.attrs
         if op.type == FUSED and self._compilers:
             attrs = {**attrs, "compilers": self._compilers}
+        if opdef.bodies:  # control flow: each body compiled once, here, into a sub-plan the kernel runs
+            attrs = {**attrs, "plans": tuple(attrs[key].compile(xp, self._compilers) for key in opdef.bodies)}
         kernel = functools.partial(opdef.kernel, xp, **attrs) if attrs else functools.partial(opdef.kernel, xp)
         if opdef.random:
             op_seed = attrs.get("seed")

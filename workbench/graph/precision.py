@@ -7,7 +7,8 @@ inputs before it adds its op, by three rules:
   variables (the master weights) and placeholders stay float32 and are read
   through a cast, made once per tensor and block;
 - ``softmax``, ``log_softmax``, ``softmax_cross_entropy``, ``sum`` and ``mean``
-  (the loss) run in float32, for range and accuracy: float16 inputs are cast up;
+  (the loss), ``layer_norm`` and ``moments`` run in float32, for range and accuracy:
+  float16 inputs are cast up;
 - any other op whose float inputs differ in dtype casts them all to the compute
   dtype, so a bias add after a float16 matmul stays float16.
 
@@ -43,7 +44,7 @@ from workbench.ops.registry import as_dtype, get_op, is_float
 #: Ops that run in the compute dtype.
 COMPUTE_OPS = frozenset({"matmul", "conv2d"})
 #: Ops that run in float32 whatever dtype their inputs have.
-FLOAT32_OPS = frozenset({"softmax", "log_softmax", "softmax_cross_entropy", "sum", "mean"})
+FLOAT32_OPS = frozenset({"softmax", "log_softmax", "softmax_cross_entropy", "sum", "mean", "layer_norm", "moments"})
 #: Compute dtypes the registry knows (bfloat16 would go here; NumPy has no bfloat16).
 COMPUTE_DTYPES = ("float16",)
 
@@ -65,8 +66,8 @@ class _Policy:
 
     def inputs(self, op_type: str, tensors: tuple) -> tuple:
         """``tensors`` cast as the rules in the module docstring say."""
-        if not tensors or get_op(op_type).stateful or op_type == "cast":
-            return tensors
+        if not tensors or get_op(op_type).stateful or op_type == "cast" or get_op(op_type).bodies:
+            return tensors  # control flow: the body's own ops were cast as they were built
         if op_type in COMPUTE_OPS:
             return tuple(self.cast(t, self.dtype) for t in tensors)
         if op_type in FLOAT32_OPS:

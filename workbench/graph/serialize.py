@@ -23,12 +23,22 @@ from workbench.ops.state import INITIALIZERS
 if TYPE_CHECKING:  # the graph module imports this one: the class is handed in, not imported
     from workbench.graph.core import Graph
 
+#: Attribute values stored as ``{kind: doc}`` objects, decoded by ``DECODERS[kind](doc)``: the
+#: bodies of control-flow ops (``"body"``, registered by :mod:`workbench.graph.control`). Encoded
+#: from any value with a ``to_doc()`` method.
+DECODERS: dict[str, Any] = {}
+
 FORMAT = "workbench-graph"
 VERSION = 1
 MAX_ELEMENTS = 1 << 31
 
 
 def graph_to_json(graph: Graph, indent: int | None = None) -> str:
+    return json.dumps(graph_to_doc(graph), indent=indent)
+
+
+def graph_to_doc(graph: Graph) -> dict:
+    """The graph as a JSON-ready dict (what :func:`graph_to_json` writes)."""
     operations = []
     for op in graph.operations:
         record = {
@@ -48,7 +58,7 @@ def graph_to_json(graph: Graph, indent: int | None = None) -> str:
         doc["aliases"] = dict(graph.aliases)
     if graph.training:
         doc["training"] = {name: record.to_dict() for name, record in graph.training.items()}
-    return json.dumps(doc, indent=indent)
+    return doc
 
 
 def _encode(value: Any) -> Any:
@@ -61,6 +71,8 @@ def _encode(value: Any) -> Any:
         return [_encode(v) for v in value]
     if isinstance(value, (np.integer, np.floating, np.bool_)):
         return value.item()
+    if hasattr(value, "to_doc"):  # a control-flow body: its sub-graph, as data (see workbench.graph.control)
+        return {"body": value.to_doc()}
     return value
 
 
@@ -70,6 +82,11 @@ def graph_from_json(text: str | bytes, graph_cls: type[Graph]) -> Graph:
         doc = json.loads(text)
     except (ValueError, TypeError, RecursionError) as e:
         raise FormatError(f"not a graph file: invalid JSON ({e})") from None
+    return graph_from_doc(doc, graph_cls)
+
+
+def graph_from_doc(doc, graph_cls: type[Graph]) -> Graph:
+    """A new ``graph_cls`` built from a dict that :func:`graph_to_doc` made (checked as a file is)."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise FormatError(f'not a graph file: expected a JSON object with "format": "{FORMAT}"')
     version = doc.get("version")
@@ -198,6 +215,9 @@ def _tensor(graph: Graph, name: str, user: str):
 def _decode(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_decode(v) for v in value)
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in DECODERS:
+        ((kind, doc),) = value.items()
+        return DECODERS[kind](doc)
     if isinstance(value, dict):
         if set(value) != {"ndarray"} or not isinstance(value["ndarray"], dict):
             raise FormatError(f"unexpected object in attributes: keys {sorted(value)}")

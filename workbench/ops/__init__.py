@@ -68,6 +68,11 @@ from workbench.ops.registry import REGISTRY, OpDef, TensorSpec, apply, get_op
 from workbench.ops import fused as _fused  # noqa: E402, F401 - registers fused_elementwise
 from workbench.ops import fused_train as _fused_train  # noqa: E402, F401 - registers fused_update, softmax_cross_entropy_with_grad
 from workbench.ops.state import assign, assign_add, assign_sub, constant, placeholder, variable
+from workbench.ops.attention import scaled_dot_product_attention
+from workbench.ops.indexing import cumsum, pad, scatter_add, top_k
+from workbench.ops.norm import layer_norm, moments
+from workbench.ops.pool import avg_pool2d
+from workbench.ops.special import clip, erf, gelu, rsqrt, square
 
 #: The op functions users call (``wb.matmul`` ...), by name.
 PUBLIC = (
@@ -125,4 +130,21 @@ PUBLIC = (
     "variable",
     "where",
     "zeros_like",
+)
+
+#: Normalization, attention, pooling, padding, special functions and indexing ops.
+PUBLIC += (
+    "avg_pool2d",
+    "clip",
+    "cumsum",
+    "erf",
+    "gelu",
+    "layer_norm",
+    "moments",
+    "pad",
+    "rsqrt",
+    "scaled_dot_product_attention",
+    "scatter_add",
+    "square",
+    "top_k",
 )

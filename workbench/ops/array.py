@@ -350,10 +350,16 @@ def check_indices(xp, indices, size: int, what: str = "index") -> None:
     """IndexError unless every value of ``indices`` is in ``[0, size)``.
 
     NumPy would wrap a negative index to the end and CuPy wraps any index, so a bad
-    label would silently pick another class. The check is one fused comparison and one
-    boolean read: on a GPU, one device-to-host sync per call (a few microseconds); the
-    offending value is looked up only when there is one.
+    label would silently pick another class. On NumPy and CuPy arrays the check is one
+    maximum of the indices seen as unsigned (a negative index becomes larger than any
+    size) and one read: on a GPU, one device-to-host sync per call; the offending value is
+    looked up only when there is one.
     """
+    view = getattr(indices, "view", None)
+    if view is not None and indices.dtype.kind in "iu":
+        # one reduction, no temporary: seen as unsigned, a negative index is larger than any size
+        if not indices.size or int(view(indices.dtype.str.replace("i", "u")).max()) < size:
+            return
     bad = (indices < 0) | (indices >= size)
     if bool(xp.any(bad)):
         flat_bad = xp.reshape(bad, (-1,))

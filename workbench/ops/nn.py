@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from workbench.errors import DTypeError, GradientError, ShapeError
-from workbench.ops import rules
+import numpy as np
+
+from workbench.errors import ArgumentError, DTypeError, GradientError, ShapeError
+from workbench.ops import im2col, registry, rules
 from workbench.ops.array import check_indices
 from workbench.ops.fused import device_kernel
-from workbench.ops.math import exp, sum
+from workbench.ops.math import exp, sum, where
 from workbench.ops.registry import INTS, TensorSpec, apply, defop
 
 # -- softmax family ----------------------------------------------------------------
@@ -220,7 +222,9 @@ def _conv_kernel(xp, x, w, *, stride, padding):
     fast = device_kernel("conv2d", xp, (x, w), {"stride": stride, "padding": padding})
     if fast is not None:  # a device's generated kernels (see workbench.gpu.conv_kernels)
         return fast(x, w)
-    cols, ho, wo = _im2col(xp, x, w.shape[2:], stride, padding)
+    if im2col.strided(xp):
+        return im2col.conv(xp, x, w, stride, padding)
+    cols, ho, wo = _im2col(xp, x, w.shape[2:], stride, padding)  # any array-API namespace
     out = xp.matmul(xp.reshape(w, (w.shape[0], -1)), cols)  # (N, O, Ho*Wo)
     return xp.reshape(out, (x.shape[0], w.shape[0], ho, wo))
 
@@ -229,6 +233,8 @@ def _conv_input_grad_kernel(xp, g, x, w, *, stride, padding):
     fast = device_kernel("conv2d_input_grad", xp, (g, x, w), {"stride": stride, "padding": padding})
     if fast is not None:
         return fast(g, x, w)
+    if im2col.strided(xp):
+        return im2col.conv_input_grad(xp, g, x.shape, w, stride, padding)
     o, c, kh, kw = w.shape
     n = g.shape[0]
     cols = xp.matmul(xp.matrix_transpose(xp.reshape(w, (o, -1))), xp.reshape(g, (n, o, -1)))  # (N, C*kh*kw, Ho*Wo)
@@ -241,6 +247,8 @@ def _conv_filter_grad_kernel(xp, x, g, w, *, stride, padding):
     fast = device_kernel("conv2d_filter_grad", xp, (x, g, w), {"stride": stride, "padding": padding})
     if fast is not None:
         return fast(x, g, w)
+    if im2col.strided(xp):
+        return im2col.conv_filter_grad(xp, x, g, w, stride, padding)
     cols, _, _ = _im2col(xp, x, w.shape[2:], stride, padding)
     n, o = g.shape[:2]
     per_example = xp.matmul(xp.reshape(g, (n, o, -1)), xp.matrix_transpose(cols))  # (N, O, C*kh*kw)
@@ -311,11 +319,15 @@ def _pool_spec(x: TensorSpec, *, size, stride, padding) -> TensorSpec:
 
 
 def _pool_kernel(xp, x, *, size, stride, padding):
+    if im2col.strided(xp):
+        return im2col.max_pool(xp, x, size, stride, padding)
     parts = _windows(xp, x, size, stride, padding, fill=-float("inf"))
     return xp.max(xp.stack(parts, axis=0), axis=0)
 
 
 def _pool_grad_kernel(xp, g, x, *, size, stride, padding):
+    if im2col.strided(xp):
+        return im2col.max_pool_grad(xp, g, x, size, stride, padding)
     parts = xp.stack(_windows(xp, x, size, stride, padding, fill=-float("inf")), axis=0)
     winner = xp.argmax(parts, axis=0)  # the first maximum of each window takes the gradient
     zero = xp.zeros_like(g)
@@ -338,31 +350,79 @@ defop(
 # -- dropout -------------------------------------------------------------------------------
 
 
-def dropout(x, rate, seed=None, name=None):
+def dropout(x, rate, training=True, seed=None, name=None):
     """Zero each element with probability ``rate`` and scale the rest by ``1 / (1 - rate)``.
+
+    ``rate`` is a float in [0, 1) or a scalar float tensor (a placeholder: ``keep_prob``
+    style). ``training`` switches it: a Python bool (``False``: ``x`` comes back as it
+    is) or a scalar bool tensor, usually ``placeholder("training", (), "bool",
+    default=False)``; where it is false the output is ``x``, and a plan compiled with
+    ``training`` left at a known value keeps only the branch it takes.
 
     The mask comes from a generator seeded by the session's seed, this op's
     ``seed`` (its name when ``None``) and the run count, so runs repeat exactly.
     """
-    y, _mask = apply("dropout", x, rate=float(rate), seed=seed, name=name)
+    if isinstance(training, (bool, np.bool_)):
+        if not training:
+            return x
+        return _dropout(x, rate, seed, name)
+    if isinstance(training, (int, np.integer)):
+        raise ArgumentError(
+            f"dropout: training must be a bool or a bool tensor, got {training!r} "
+            "(the third argument is training; give the seed as seed=)"
+        )
+    if getattr(training, "dtype", None) != "bool" or training.shape not in ((), None):
+        got = (
+            f"{training.dtype} tensor of shape {rules.fmt(training.shape or ())}"
+            if hasattr(training, "op")
+            else repr(training)
+        )
+        raise DTypeError(f"dropout: training must be a bool, or a scalar bool tensor, got {got}")
+    dropped = _dropout(x, rate, seed, name)
+    return where(training, dropped, x, name=None if name is None else f"{name}_switch")
+
+
+def _dropout(x, rate, seed, name):
+    if hasattr(rate, "op"):  # a tensor: the rate is read when the graph runs
+        y, _mask = apply("dropout", x, rate, rate=None, seed=seed, name=name)
+    else:
+        y, _mask = apply("dropout", x, rate=float(rate), seed=seed, name=name)
     return y
 
 
-def _dropout_spec(x: TensorSpec, *, rate, seed):
-    if not 0.0 <= rate < 1.0:
+def _dropout_spec(x: TensorSpec, *rate_tensor: TensorSpec, rate, seed):
+    if rate_tensor:
+        (r,) = rate_tensor
+        if not registry.is_float(r.dtype) or (r.shape is not None and len(r.shape) != 0):
+            raise DTypeError(f"a rate tensor must be a float scalar, got {r.dtype} of shape {rules.fmt(r.shape or ())}")
+    elif not 0.0 <= rate < 1.0:
         raise ShapeError(f"rate must be in [0, 1), got {rate}")
     rules.need_float(x)
     return x, x
 
 
-def _dropout_kernel(xp, x, *, rate, seed, rng):
-    kept = rng.random(tuple(x.shape)) < (1.0 - rate)  # drawn on the host: the same mask on every device
-    mask = xp.astype(xp.asarray(kept), x.dtype) / (1.0 - rate)
+def _dropout_kernel(xp, x, *rate_value, rate, seed, rng):
+    draws = rng.random(tuple(x.shape))  # drawn on the host: the same mask on every device
+    if rate_value:
+        keep = 1.0 - xp.astype(xp.asarray(rate_value[0]), x.dtype)
+        kept = xp.asarray(draws) < keep
+        scale = 1.0 / xp.where(keep > 0, keep, 1.0)  # a rate of 1 keeps nothing: no division by 0
+        mask = xp.where(kept, scale, 0.0)
+        return x * xp.astype(mask, x.dtype), xp.astype(mask, x.dtype)
+    mask = xp.astype(xp.asarray(draws < (1.0 - rate)), x.dtype) / (1.0 - rate)
     return x * mask, mask
 
 
 def _dropout_grad(op, g, g_mask):
-    return (g * op.outputs[1],)
+    return (g * op.outputs[1],) + (None,) * (len(op.inputs) - 1)
 
 
-defop("dropout", infer=_dropout_spec, kernel=_dropout_kernel, grad=_dropout_grad, num_outputs=2, random=True)
+defop(
+    "dropout",
+    infer=_dropout_spec,
+    kernel=_dropout_kernel,
+    grad=_dropout_grad,
+    num_outputs=2,
+    random=True,
+    variadic=True,
+)

@@ -19,6 +19,9 @@ An op is registered once with :func:`defop`:
 - ``writes(attrs, n_inputs)``, optional, for a stateful op that updates several
   variables at once: the input position of the variable each output is written
   into (a plain update writes its input 0).
+- ``bodies``, optional, names the attributes that hold sub-graphs (the bodies of
+  ``cond`` and ``scan``, see :mod:`workbench.graph.control`): a plan compiles each
+  into a sub-plan once and passes them to the kernel as ``plans=``.
 
 Ops without a gradient say why with ``nondiff="..."``; forgetting both is an error
 at import time. The registry knows nothing of graphs: op functions reach the graph
@@ -62,6 +65,9 @@ class OpDef:
     # an update of several variables: writes(attrs, n_inputs) gives the input position of the variable
     # each output is written into; kernel returns the new values, inplace(xp, None, ...) writes them there
     writes: Callable[..., tuple] | None = None
+    # attributes holding sub-graphs (control-flow bodies): the plan compiler compiles each once into a
+    # sub-plan and passes them to the kernel as ``plans=`` (a tuple, in this order)
+    bodies: tuple[str, ...] = ()
 
     @property
     def differentiable(self) -> bool:
@@ -155,12 +161,16 @@ def cast_exactly(array, dtype: str, what: str):
                 raise FeedError(
                     f"{what} expects {dtype} values, got {array.dtype} value {int(value)} that {dtype} cannot hold"
                 )
-    with np.errstate(over="ignore"):  # an overflow is reported below, with the placeholder's name
+    # an overflow is reported below, with the placeholder's name. A finite sum means every
+    # value is finite (one reduction, no temporary): only a non-finite sum (an overflow, or
+    # an inf or NaN fed as such) needs the exact look
+    with np.errstate(over="ignore", invalid="ignore"):
         converted = array.astype(target)
-    if target.kind == "f" and array.size:
-        # array methods and operators only: the same code for NumPy and CuPy arrays
-        overflow = (abs(converted) == np.inf) & ~(abs(array) == np.inf)
-        if bool(overflow.any()):
-            value = array[overflow][0]
-            raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {value} that overflows {dtype}")
+        if target.kind != "f" or not array.size or bool(abs(converted.sum()) < np.inf):
+            return converted
+    # array methods and operators only: the same code for NumPy and CuPy arrays
+    overflow = (abs(converted) == np.inf) & ~(abs(array) == np.inf)
+    if bool(overflow.any()):
+        value = array[overflow][0]
+        raise FeedError(f"{what} expects {dtype} values, got {array.dtype} value {value} that overflows {dtype}")
     return converted

@@ -13,18 +13,40 @@ from workbench.ops.registry import TensorSpec, apply, as_dtype, defop, is_float
 _INPUT = "a graph input: it has no inputs to differentiate"
 
 
-def placeholder(name, shape=None, dtype="float32"):
+def placeholder(name, shape=None, dtype="float32", default=None):
     """An input fed at run time; ``None`` in ``shape`` is a dimension of any size.
 
-    ``shape=None`` accepts any rank.
+    ``shape=None`` accepts any rank. With ``default`` (a value of that dtype whose
+    shape fits ``shape``) the placeholder need not be fed: a run that does not
+    feed it uses the default (e.g. ``placeholder("training", (), "bool",
+    default=False)``, fed ``True`` by ``fit(feed_dict={"training": True})``).
+    The default is part of the graph and saved with it.
     """
     shape = None if shape is None else tuple(None if d is None else int(d) for d in shape)
-    return apply("placeholder", shape=shape, dtype=as_dtype(dtype), name=name)
+    dtype = as_dtype(dtype)
+    if default is None:
+        return apply("placeholder", shape=shape, dtype=dtype, name=name)
+    try:
+        value = constant_array(default, dtype)
+    except (TypeError, ValueError) as e:
+        raise DTypeError(f"placeholder {name!r}: default {default!r} is not a {dtype} value: {e}") from None
+    return apply("placeholder", shape=shape, dtype=dtype, default=value, name=name)
 
 
-def _placeholder_spec(*, shape, dtype) -> TensorSpec:
+def _placeholder_spec(*, shape, dtype, default=None) -> TensorSpec:
     if shape is not None and any(d is not None and d < 0 for d in shape):
         raise ShapeError(f"placeholder shape {rules.fmt(shape)} has a negative size")
+    if default is not None:
+        if not isinstance(default, np.ndarray) or default.dtype.name != dtype:
+            kind = default.dtype.name if isinstance(default, np.ndarray) else type(default).__name__
+            raise DTypeError(f"placeholder default must be a {dtype} array, got {kind}")
+        fits = shape is None or (
+            len(shape) == default.ndim and all(d is None or d == s for d, s in zip(shape, default.shape, strict=True))
+        )
+        if not fits:
+            raise ShapeError(
+                f"default of shape {rules.fmt(default.shape)} does not fit placeholder shape {rules.fmt(shape)}"
+            )
     return TensorSpec(shape, dtype)
 
 

@@ -12,6 +12,7 @@ from workbench.events import ROOT, Event, FitFinished, FitStarted, NodeState, Ru
 from workbench.graph.core import Graph
 from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
+from workbench.widgets.drawn import drawn_operations
 from workbench.widgets.statistics import TITLES, StepStats
 from workbench.widgets.layout import (
     FOLD_OVER,
@@ -88,7 +89,7 @@ class GraphView(View):
         _VIEWS.add(self)
         self.op_states: dict[str, str] = {}
         self._runs: dict[str, list[str]] = {}  # session token -> ops of its run in progress
-        self.names = [op.name for op in graph.operations]
+        self.names = [op.name for op in drawn_operations(graph)]  # bodies of loops and branches too
         self.fold_over = fold_over
         self._scopes = set(all_scopes(graph))  # scopes ops added later (fit's statistics) start folded
         self.collapsed = sorted(default_collapsed(graph, fold_over) if collapsed is None else collapsed)

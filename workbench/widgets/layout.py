@@ -28,6 +28,7 @@ from typing import Any
 
 from workbench.graph.core import Graph, Operation
 from workbench.ops import rules
+from workbench.widgets.drawn import control_scopes, drawn_operations
 
 NODE_W, NODE_H = 150, 40
 GAP_X, GAP_Y = 24, 36
@@ -48,7 +49,7 @@ def scopes_of(name: str) -> list[str]:
 def all_scopes(graph: Graph) -> list[str]:
     """Every name scope that holds an operation, outermost first."""
     seen: dict[str, None] = {}
-    for op in graph.operations:
+    for op in drawn_operations(graph):
         for scope in scopes_of(op.name):
             seen.setdefault(scope)
     return sorted(seen, key=lambda s: (s.count("/"), s))
@@ -58,9 +59,9 @@ def default_collapsed(graph: Graph, fold_over: int = FOLD_OVER) -> list[str]:
     """Scopes folded at first: the gradient subgraph, the optimizers' update scopes, the statistics
     (``stats``, see :mod:`workbench.graph.probes`), and every user name scope (nested ones too)
     with more than ``fold_over`` operations."""
-    system: set[str] = set()
+    system: set[str] = set(control_scopes(graph))  # a loop or a branch is one node until opened
     sizes: dict[str, int] = {}
-    for op in graph.operations:
+    for op in drawn_operations(graph):
         scopes = scopes_of(op.name)
         if scopes and (
             scopes[0] in ("gradients", "stats") or scopes[0].startswith("gradients_") or op.type in _UPDATES
@@ -119,15 +120,17 @@ def graph_layout(graph: Graph, collapsed=()) -> dict[str, Any]:
     """
     collapsed = set(collapsed)
     nodes: dict[str, dict] = {}
-    for op in graph.operations:
+    drawn = drawn_operations(graph)
+    controls = {op.control: op for op in drawn if op.control}
+    for op in drawn:
         vid = visible_node(op.name, collapsed)
         if vid == op.name:
             nodes[vid] = {**op_info(op), "scope": "/".join(op.name.split("/")[:-1])}
         elif vid not in nodes:
-            nodes[vid] = _group_node(vid)
+            nodes[vid] = _group_node(vid, controls.get(vid))
         if vid != op.name:
             nodes[vid]["members"] += 1
-    edges = _edges(graph, collapsed)
+    edges = _edges(drawn, collapsed)
     blocks = _blocks(nodes, edges)
     width, height = blocks[""]["w"], blocks[""]["h"]
     _position("", blocks, nodes, 0, 0)
@@ -159,7 +162,11 @@ def group_states(states: dict[str, str], collapsed=()) -> dict[str, str]:
     return out
 
 
-def _group_node(scope: str) -> dict[str, Any]:
+def _group_node(scope: str, control=None) -> dict[str, Any]:
+    """A folded scope; ``control``: the control-flow op the scope opens (drawn with its type and outputs)."""
+    if control is not None:
+        return {**_group_node(scope), **{k: op_info(control)[k] for k in ("type", "shape", "dtype", "outputs", "inputs")},
+                "source": op_info(control)["source"], "control": control.type}  # fmt: skip
     return {
         "id": scope,
         "label": scope.rsplit("/", 1)[-1],
@@ -179,10 +186,10 @@ def _shape(shape) -> str:
     return "?" if shape is None else rules.fmt(shape)
 
 
-def _edges(graph: Graph, collapsed: set[str]) -> dict[tuple[str, str], bool]:
+def _edges(drawn, collapsed: set[str]) -> dict[tuple[str, str], bool]:
     """(source, target) -> whether it is only a control dependency; no self loops."""
     edges: dict[tuple[str, str], bool] = {}
-    for op in graph.operations:
+    for op in drawn:
         target = visible_node(op.name, collapsed)
         deps = [(t.op, False) for t in op.inputs] + [(c, True) for c in op.control_inputs]
         for dep, control in deps:

@@ -37,6 +37,7 @@ function shapeFor(node, g) {
 }
 
 function subtitle(node) {
+  if (node.kind === "scope" && node.control) return `${node.control} · ${node.members} ops · click to open`;
   if (node.kind === "scope") return `${node.members} ops · click to open`;
   return node.shape ? `${node.type} · ${node.shape}` : node.type;
 }

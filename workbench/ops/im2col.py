@@ -1,0 +1,185 @@
+"""The array work behind conv2d and max_pool2d: one strided copy and one GEMM per convolution.
+
+A convolution of ``x`` (N, C, H, W) with ``w`` (O, C, kh, kw) is the GEMM
+``w (O, C*kh*kw) @ cols (C*kh*kw, Ho*Wo*N)``, where ``cols`` is a single strided view
+of the (padded) input copied once into a contiguous buffer: no per-window copies, no
+stack, no batched matmul of N small products.
+
+The memory layout is what makes that copy fast: activations are kept **channel, height,
+width, batch** (CHWN) in memory, exposed as ordinary (N, C, H, W) arrays (views with
+permuted strides). In CHWN, one window offset of one input row is a run of ``Wo * N``
+contiguous numbers, so the copy moves long runs instead of rows of ``Wo``; the GEMM's
+output ``(O, Ho*Wo*N)`` *is* the next CHWN activation, so no transpose is ever copied,
+and the elementwise ops that follow keep that order. An input in another layout (the
+data, NCHW) is put in CHWN once, together with its padding.
+
+The backward pass keeps the layout: the input gradient is ``w.T @ g`` added back
+window by window into one padded CHWN buffer (strided, in-place adds: no ``add.at``),
+the filter gradient ``g (O, Ho*Wo*N) @ cols.T``.
+
+Every function takes the array namespace ``xp`` of a strided library (NumPy, CuPy:
+:func:`strided`); other array-API namespaces use the window-by-window kernels of
+:mod:`workbench.ops.nn`.
+"""
+
+from __future__ import annotations
+
+
+def strided(xp) -> bool:
+    """Whether ``xp`` has strided views (``lib.stride_tricks.as_strided``): NumPy and CuPy do."""
+    return hasattr(getattr(getattr(xp, "lib", None), "stride_tricks", None), "as_strided")
+
+
+def geometry(shape, kernel, stride, padding):
+    """((pad_top, pad_bottom), (pad_left, pad_right)), Ho, Wo of a window op on ``shape`` (N, C, H, W)."""
+    from workbench.ops.nn import _out_size
+
+    (pt, pb, ho), (pl, pr, wo) = (_out_size(shape[i + 2], kernel[i], stride[i], padding) for i in (0, 1))
+    return ((pt, pb), (pl, pr)), ho, wo
+
+
+def is_chwn(x) -> bool:
+    """Whether (N, C, H, W) ``x`` lies in memory as a C-contiguous (C, H, W, N) array."""
+    n, c, h, w = x.shape
+    item = x.itemsize
+    return x.strides == (item, h * w * n * item, w * n * item, n * item) or x.size <= 1
+
+
+def chwn(x_t):
+    """The (N, C, H, W) view of a (C, H, W, N) array."""
+    return x_t.transpose(3, 0, 1, 2)
+
+
+def padded(xp, x, pads, fill=0.0):
+    """``x`` (N, C, H, W) with ``pads`` around its spatial axes, in a CHWN buffer (``x`` itself
+    when it needs no padding and already lies so); returned as the (C, Hp, Wp, N) array."""
+    (pt, pb), (pl, pr) = pads
+    if not (pt or pb or pl or pr) and is_chwn(x):
+        return x.transpose(1, 2, 3, 0)
+    n, c, h, w = x.shape
+    out = xp.empty((c, h + pt + pb, w + pl + pr, n), dtype=x.dtype)
+    if pt:
+        out[:, :pt] = fill
+    if pb:
+        out[:, pt + h :] = fill
+    if pl:
+        out[:, pt : pt + h, :pl] = fill
+    if pr:
+        out[:, pt : pt + h, pl + w :] = fill
+    out[:, pt : pt + h, pl : pl + w] = x.transpose(1, 2, 3, 0)
+    return out
+
+
+def _strided(xp, a, shape, strides):
+    return xp.lib.stride_tricks.as_strided(a, shape=shape, strides=strides)
+
+
+def window_view(xp, x, kernel, stride, padding, fill=0.0):
+    """(view (C, kh, kw, Ho, Wo, N) of padded ``x`` in CHWN, Ho, Wo): element [c, i, j, a, b, n]
+    is ``x_padded[n, c, a * sh + i, b * sw + j]``. Nothing is copied but the padding."""
+    pads, ho, wo = geometry(x.shape, kernel, stride, padding)
+    source = padded(xp, x, pads, fill)  # (C, Hp, Wp, N)
+    c, _, _, n = source.shape
+    (kh, kw), (sh, sw) = kernel, stride
+    s_c, s_h, s_w, s_n = source.strides
+    view = _strided(xp, source, (c, kh, kw, ho, wo, n), (s_c, s_h, s_w, s_h * sh, s_w * sw, s_n))
+    return view, ho, wo
+
+
+def columns(xp, x, kernel, stride, padding):
+    """(cols (C*kh*kw, Ho*Wo*N) contiguous, Ho, Wo): the im2col matrix, in one copy."""
+    view, ho, wo = window_view(xp, x, kernel, stride, padding)
+    c, kh, kw = view.shape[:3]
+    cols = xp.empty(view.shape, dtype=x.dtype)
+    cols[...] = view
+    return xp.reshape(cols, (c * kh * kw, -1)), ho, wo
+
+
+def channel_major(xp, g):
+    """``g`` (N, O, Ho, Wo) as an (O, Ho*Wo*N) matrix: free when ``g`` lies in CHWN."""
+    return xp.reshape(g.transpose(1, 2, 3, 0), (g.shape[1], -1))
+
+
+def conv(xp, x, w, stride, padding):
+    """conv2d of ``x`` (N, C, H, W) with ``w`` (O, C, kh, kw): the (N, O, Ho, Wo) view of one GEMM."""
+    o = w.shape[0]
+    cols, ho, wo = columns(xp, x, w.shape[2:], stride, padding)
+    out = xp.matmul(xp.reshape(w, (o, -1)), cols)  # (O, Ho*Wo*N): CHWN
+    return chwn(xp.reshape(out, (o, ho, wo, x.shape[0])))
+
+
+def conv_filter_grad(xp, x, g, w, stride, padding):
+    """The gradient of :func:`conv` with respect to ``w``: ``g (O, Ho*Wo*N) @ cols.T``."""
+    cols, _, _ = columns(xp, x, w.shape[2:], stride, padding)
+    return xp.reshape(xp.matmul(channel_major(xp, g), xp.matrix_transpose(cols)), w.shape)
+
+
+def conv_input_grad(xp, g, x_shape, w, stride, padding):
+    """The gradient of :func:`conv` with respect to ``x`` (of shape ``x_shape``): ``w.T @ g``,
+    each window's part added back in place into one padded CHWN buffer."""
+    o, c, kh, kw = w.shape
+    ho, wo = g.shape[2:]
+    parts = xp.matmul(xp.matrix_transpose(xp.reshape(w, (o, -1))), channel_major(xp, g))
+    parts = xp.reshape(parts, (c, kh, kw, ho, wo, g.shape[0]))
+    return add_windows(xp, parts, x_shape, (kh, kw), stride, padding)
+
+
+def add_windows(xp, parts, x_shape, kernel, stride, padding):
+    """Adjoint of :func:`window_view`: ``parts`` (C, kh, kw, Ho, Wo, N) summed back into the
+    (N, C, H, W) view of a padded CHWN buffer, with kh*kw strided in-place adds."""
+    pads, ho, wo = geometry(x_shape, kernel, stride, padding)
+    (pt, pb), (pl, pr) = pads
+    n, c, h, w = x_shape
+    (kh, kw), (sh, sw) = kernel, stride
+    out = xp.zeros((c, h + pt + pb, w + pl + pr, n), dtype=parts.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            region = out[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw]
+            region += parts[:, i, j]
+    return chwn(out[:, pt : pt + h, pl : pl + w])
+
+
+def max_pool(xp, x, size, stride, padding):
+    """Max pooling: the running maximum over the kh*kw strided window views (no stacked copy)."""
+    return chwn(_pooled(xp, x, size, stride, padding)[0])
+
+
+def _pooled(xp, x, size, stride, padding):
+    view, _, _ = window_view(xp, x, size, stride, padding, fill=-float("inf"))
+    out = xp.array(view[:, 0, 0], copy=True)  # (C, Ho, Wo, N)
+    for i in range(size[0]):
+        for j in range(size[1]):
+            if i or j:
+                xp.maximum(out, view[:, i, j], out=out)
+    return out, view
+
+
+def max_pool_grad(xp, g, x, size, stride, padding):
+    """The gradient of :func:`max_pool`: each window's gradient goes to its first maximum.
+
+    Windows that do not overlap (stride at least the size, the usual 2x2/2) write their
+    part straight into the gradient's buffer; overlapping ones add theirs in place."""
+    best, view = _pooled(xp, x, size, stride, padding)
+    g = g.transpose(1, 2, 3, 0)  # (C, Ho, Wo, N), as the view
+    free = xp.ones(best.shape, dtype=bool)  # windows whose maximum has not taken the gradient yet
+    first = xp.empty(best.shape, dtype=bool)
+    (kh, kw), (sh, sw) = size, stride
+    disjoint = sh >= kh and sw >= kw
+    if disjoint:
+        pads, ho, wo = geometry(x.shape, size, stride, padding)
+        (pt, pb), (pl, pr) = pads
+        n, c, h, w = x.shape
+        out = xp.zeros((c, h + pt + pb, w + pl + pr, n), dtype=g.dtype)
+        s_c, s_h, s_w, s_n = out.strides
+        target = _strided(xp, out, (c, kh, kw, ho, wo, n), (s_c, s_h, s_w, s_h * sh, s_w * sw, s_n))
+    else:
+        target = xp.empty((view.shape[0], kh, kw) + view.shape[3:], dtype=g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            xp.equal(view[:, i, j], best, out=first)
+            first &= free
+            free ^= first
+            xp.multiply(g, first, out=target[:, i, j])  # a multiply: four times faster than where
+    if disjoint:
+        return chwn(out[:, pt : pt + h, pl : pl + w])
+    return add_windows(xp, target, x.shape, size, stride, padding)
