@@ -8,7 +8,8 @@ from workbench.errors import ArgumentError, DTypeError, GradientError, ShapeErro
 from workbench.ops import im2col, registry, rules
 from workbench.ops.array import check_indices
 from workbench.ops.fused import device_kernel
-from workbench.ops.math import exp, sum, where
+from workbench.ops.math import exp, where
+from workbench.ops.reduce import sum
 from workbench.ops.registry import INTS, TensorSpec, apply, defop
 
 # -- softmax family ----------------------------------------------------------------
