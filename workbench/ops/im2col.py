@@ -30,11 +30,21 @@ def strided(xp) -> bool:
     return hasattr(getattr(getattr(xp, "lib", None), "stride_tricks", None), "as_strided")
 
 
+def out_size(size, k, s, padding):
+    """(pad_before, pad_after, output size) for one spatial axis."""
+    if size is None:
+        return None, None, None
+    if padding == "valid":
+        return 0, 0, (size - k) // s + 1
+    out = -(-size // s)
+    total = (out - 1) * s + k - size
+    total = total if total > 0 else 0
+    return total // 2, total - total // 2, out
+
+
 def geometry(shape, kernel, stride, padding):
     """((pad_top, pad_bottom), (pad_left, pad_right)), Ho, Wo of a window op on ``shape`` (N, C, H, W)."""
-    from workbench.ops.nn import _out_size
-
-    (pt, pb, ho), (pl, pr, wo) = (_out_size(shape[i + 2], kernel[i], stride[i], padding) for i in (0, 1))
+    (pt, pb, ho), (pl, pr, wo) = (out_size(shape[i + 2], kernel[i], stride[i], padding) for i in (0, 1))
     return ((pt, pb), (pl, pr)), ho, wo
 
 

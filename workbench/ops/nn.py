@@ -6,6 +6,7 @@ import numpy as np
 
 from workbench.errors import ArgumentError, DTypeError, GradientError, ShapeError
 from workbench.ops import im2col, registry, rules
+from workbench.ops.im2col import out_size as _out_size
 from workbench.ops.array import check_indices
 from workbench.ops.fused import device_kernel
 from workbench.ops.math import exp, where
@@ -137,18 +138,6 @@ def conv2d(x, w, stride=1, padding="valid", name=None):
     the extra row going at the bottom, as in TensorFlow.
     """
     return apply("conv2d", x, w, stride=_pair(stride), padding=padding, name=name)
-
-
-def _out_size(size, k, s, padding):
-    """(pad_before, pad_after, output size) for one spatial axis."""
-    if size is None:
-        return None, None, None
-    if padding == "valid":
-        return 0, 0, (size - k) // s + 1
-    out = -(-size // s)
-    total = (out - 1) * s + k - size
-    total = total if total > 0 else 0
-    return total // 2, total - total // 2, out
 
 
 def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
