@@ -20,7 +20,7 @@ LAYERS = [
     ("checkpoints", ["workbench.checkpoint", "workbench.modelfile"]),
     ("devices and the training loop", ["workbench.gpu", "workbench.devices", "workbench.fitloop"]),
     ("cluster", ["workbench.cluster"]),
-    ("session", ["workbench.session", "workbench.validation", "workbench.model"]),
+    ("session", ["workbench.session", "workbench.fit_arguments", "workbench.validation", "workbench.model"]),
     ("studies", ["workbench.scaling"]),
     (
         "notebook surface",
