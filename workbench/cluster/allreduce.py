@@ -272,13 +272,16 @@ class AllReduceEngine:
         )
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
-        program, state, *data = client.scatter(
-            [self.program, variables, *(self.data[n] for n in self.program.feeds)],
-            broadcast=True,
-            hash=False,
-            workers=members,
-            timeout=self.deadline.seconds,
-        )
+        try:
+            program, state, *data = client.scatter(
+                [self.program, variables, *(self.data[n] for n in self.program.feeds)],
+                broadcast=True,
+                hash=False,
+                workers=members,
+                timeout=self.deadline.seconds,
+            )
+        except KeyError as e:  # the scheduler no longer knows a member: it died since they were chosen
+            raise CollectiveError(f"worker {e.args[0] if e.args else '?'} left the cluster as the run started") from e
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = [
