@@ -9,14 +9,14 @@ from workbench.errors import ClusterError
 @pytest.mark.parametrize(
     "options, match",
     [
-        ({"sync_every": 0}, r"sync_every must be a whole number of at least 1, got 0"),
+        ({"sync_every": 0}, r"sync_every must be at least 1 \(a whole number\), got 0"),
         ({"sync_every": -5}, r"sync_every must be .* got -5"),
-        ({"window": None}, r"window must be a whole number of at least 1, got None"),
+        ({"window": None}, r"window must be at least 1 \(a whole number\), got None"),
         ({"window": 0}, r"window must be .* got 0"),
         ({"step_timeout": "10"}, r"step_timeout must be a positive number of seconds, got '10'"),
         ({"step_timeout": 0}, r"step_timeout must be a positive number of seconds, got 0"),
-        ({"backup_replicas": -1}, r"backup_replicas must be .* at least 0, got -1"),
-        ({"replicas": 0}, r"replicas must be .* at least 1, got 0"),
+        ({"backup_replicas": -1}, r"backup_replicas must be 0 or more \(a whole number\), got -1"),
+        ({"replicas": 0}, r"replicas must be at least 1 \(a whole number\), got 0"),
         ({"workers": [1, 2]}, r"workers must be worker addresses \(strings\), got \[1, 2\]"),
         ({"workers": []}, r"workers must be worker addresses"),
     ],

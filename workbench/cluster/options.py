@@ -81,4 +81,5 @@ class ClusterOptions:
 def _count(name: str, value, least: int) -> None:
     """ClusterError unless ``value`` is an int of at least ``least``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise ClusterError(f"{name} must be a whole number of at least {least}, got {value!r}")
+        bound = "0 or more" if least == 0 else f"at least {least}"
+        raise ClusterError(f"{name} must be {bound} (a whole number), got {value!r}")
