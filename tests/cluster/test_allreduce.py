@@ -131,17 +131,30 @@ def test_a_killed_worker_restarts_the_run_from_the_last_sync(client3, kit):
     kit.assert_same_variables(expected, variables, rtol=1e-9)
 
 
-def test_a_second_worker_dying_during_the_relaunch_costs_one_more_restart(client3, kit):
+@pytest.fixture
+def fresh3():
+    """Three worker processes of its own: the test kills two of them."""
+    client = wb.cluster.connect("local", n_workers=3)
+    try:
+        client.wait_for_workers(3, timeout=60)
+        yield client
+    finally:
+        wb.cluster.close(client)
+
+
+def test_a_second_worker_dying_during_the_relaunch_costs_one_more_restart(fresh3, kit):
+    client3 = fresh3
     steps = 30
     m, data, start, expected, _ = local_run(kit, "float64", 24, steps=steps)
     pids = client3.run(os.getpid)
     members = sorted(pids)
-    engine = engine_for(client3, m, data, 24, members, timeout=5)
+    engine = engine_for(client3, m, data, 24, None, timeout=5)  # any worker: restarted ones too
     relaunch = engine._launch
 
     def launch_while_another_dies(chosen):
         if engine.restarts == 1:  # the first relaunch: one more of its members dies as it starts
-            os.kill(pids[chosen[-1]], signal.SIGKILL)
+            victim = chosen[-1]
+            os.kill(client3.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
         return relaunch(chosen)
 
     engine._launch = launch_while_another_dies
