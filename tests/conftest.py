@@ -87,7 +87,9 @@ class DaskProcesses:
         return all(proc.poll() is None for proc in self.started)
 
     def log(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.logs.glob("*.log")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.logs.glob("*.log"))
+        )
 
 
 @pytest.fixture(scope="session")

@@ -75,7 +75,9 @@ def test_a_member_that_inflates_past_its_variable_is_refused_before_reading(smal
     # a truthful header: 12.5 million float64 (100 MB) where the graph's 'w' has 2
     _bomb(tmp_path / "bomb.npz", {"variables/w": ((12_500_000,), 100_000_000)})
     assert os.path.getsize(tmp_path / "bomb.npz") < 1_000_000
-    with pytest.raises(wb.FormatError, match=r"checkpoint value of 'w' is float64 \(12500000,\), the variable is float64 \(2,\)"):
+    with pytest.raises(
+        wb.FormatError, match=r"checkpoint value of 'w' is float64 \(12500000,\), the variable is float64 \(2,\)"
+    ):
         sess.restore(tmp_path / "bomb.npz")
     assert _peak_bytes(lambda: sess.restore(tmp_path / "bomb.npz")) < 5_000_000
 

@@ -12,7 +12,7 @@ X, Y = load_digits(return_X_y=True)  # X float64 (1797, 64), Y int64
 def build_and_train():
     g = wb.Graph(name="mlp")
     with g.as_default():
-        x = wb.placeholder("x", shape=(None, 64))                 # dtype defaults to "float32"
+        x = wb.placeholder("x", shape=(None, 64))  # dtype defaults to "float32"
         y = wb.placeholder("y", shape=(None,), dtype="int64")
         w1 = wb.variable("w1", shape=(64, 32), init="glorot_uniform")  # init: a name, a scalar or an ndarray
         b1 = wb.variable("b1", shape=(32,), init="zeros")
@@ -25,13 +25,13 @@ def build_and_train():
         train = wb.optimizers.SGD(0.1).minimize(loss)
 
     sess = wb.Session(g, seed=0)
-    sess.run(train, feed_dict={x: X, y: Y})                # keys: tensors or placeholder names
+    sess.run(train, feed_dict={x: X, y: Y})  # keys: tensors or placeholder names
     value = sess.run(loss, feed_dict={"x": X, "y": Y})
     hist = sess.fit(train, data={"x": X, "y": Y}, batch_size=64, steps=300, fetches=[loss])
     # batches are drawn in a deterministic order from the session's seed;
     # hist.records: one dict per step with "step", "samples_per_s" and each fetch by its name
-    sess.variables["w1"]                                    # numpy.ndarray
-    g2 = wb.Graph.from_json(g.to_json())                    # same structure, same initial values
+    sess.variables["w1"]  # numpy.ndarray
+    g2 = wb.Graph.from_json(g.to_json())  # same structure, same initial values
     return locals()
 
 

@@ -42,7 +42,12 @@ def test_unknown_section_is_a_usage_error(capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_distributed_sections_train_on_a_local_cluster_and_print_the_scaling_table(capsys):
-    results = {r["section"]: r for r in demo.main(["--sections", "distributed,scaling", "--steps", "100", "--scaling-steps", "3", "--scaling-batch", "4096"])}
+    results = {
+        r["section"]: r
+        for r in demo.main(
+            ["--sections", "distributed,scaling", "--steps", "100", "--scaling-steps", "3", "--scaling-batch", "4096"]
+        )
+    }
     distributed = results["distributed"]
     assert distributed["replicas"] == 2 and distributed["steps"] == 100
     assert distributed["max_difference"] < 1e-4  # float32: the same training as in one process

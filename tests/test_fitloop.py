@@ -41,7 +41,9 @@ class CountingEngine:
             if sync_at(step):
                 self.host = ({"w": self.w.copy()}, step)
                 self.synced.append(step)
-            yield StepOutcome(step, {"time": float(step), "workers": -1.0}, {"workers": {"tcp://a": 0.5}, "replicas": 2})
+            yield StepOutcome(
+                step, {"time": float(step), "workers": -1.0}, {"workers": {"tcp://a": 0.5}, "replicas": 2}
+            )
 
     def variables(self):
         return self.host if self.host[1] else ({"w": self.w.copy()}, 0)

@@ -117,7 +117,9 @@ def test_an_interrupt_stops_the_fit_keeps_the_workers_and_the_stop_button_works(
 
     assert run(client, "before = (sess.variables, sess._fits)")["status"] == "ok"
     msg_id, model_id = start_fit(client)
-    stop = client.session.msg("comm_msg", {"comm_id": model_id, "data": {"method": "custom", "content": {"event": "stop"}}})
+    stop = client.session.msg(
+        "comm_msg", {"comm_id": model_id, "data": {"method": "custom", "content": {"event": "stop"}}}
+    )
     client.shell_channel.send(stop)  # what the Stop button sends
     assert finish(client, msg_id)["status"] == "ok"
     state = json.loads(run(client, "print(json.dumps(report(before)))")["stdout"])

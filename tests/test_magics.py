@@ -10,16 +10,16 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import workbench as wb
 from workbench import cluster as wb_cluster
-from workbench.widgets import ClusterView, GraphView
+from workbench.widgets import GraphView
 
-EXAMPLE = '''%%flow mlp
+EXAMPLE = """%%flow mlp
 x = placeholder("x", shape=(None, 64))
 y = placeholder("y", shape=(None,), dtype="int64")
 w = variable("w", shape=(64, 10), init="glorot_uniform")
 b = variable("b", shape=(10,), init="zeros")
 loss = mean(softmax_cross_entropy(matmul(x, w) + b, y))
 train = optimizers.SGD(0.1).minimize(loss)
-'''
+"""
 
 
 @pytest.fixture
@@ -221,7 +221,9 @@ def test_flow_cluster_sets_shows_and_closes_the_default(ip, fake_cluster):
     assert "no default cluster" in ip.run_line_magic("flow_cluster", "close").message
 
 
-@pytest.mark.parametrize("configured, expected", [(None, "local"), ("local", "local"), ("tcp://10.0.0.2:8786", "tcp://10.0.0.2:8786")])
+@pytest.mark.parametrize(
+    "configured, expected", [(None, "local"), ("local", "local"), ("tcp://10.0.0.2:8786", "tcp://10.0.0.2:8786")]
+)
 def test_flow_cluster_without_argument_uses_the_configured_default(ip, fake_cluster, configured, expected):
     with dask.config.set({"workbench.cluster.address": configured} if configured else {}):
         view = ip.run_line_magic("flow_cluster", "")
@@ -301,9 +303,11 @@ def test_a_cell_that_uses_another_graph_s_tensor_is_a_graph_error(ip):
     assert run(ip, '%%flow mlp -q\nx = placeholder("x", shape=(None, 3))\n') is None
     ga = ip.user_ns["mlp"]
     before = len(ga.operations)
-    error = run(ip, "%%flow other -q\nz = placeholder(\"z\", shape=(None, 3))\ny = mlp.x + 1\n")
+    error = run(ip, '%%flow other -q\nz = placeholder("z", shape=(None, 3))\ny = mlp.x + 1\n')
     assert isinstance(error, wb.GraphError)
-    assert "'x' belongs to graph 'mlp', but graph 'other' is being built; tensors must be from the same graph" in str(error)
+    assert "'x' belongs to graph 'mlp', but graph 'other' is being built; tensors must be from the same graph" in str(
+        error
+    )
     assert "line 3" in error.flow_report and "y = mlp.x + 1" in error.flow_report
     assert len(ga.operations) == before  # nothing was added to the other graph
 

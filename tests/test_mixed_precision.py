@@ -97,7 +97,9 @@ def test_rules_of_the_policy():
 def test_loss_scale_arguments_are_checked():
     assert repr(wb.optimizers.LossScale.of("dynamic")) == "LossScale(32768, dynamic, growth_interval=2000)"
     assert repr(wb.optimizers.LossScale.of(128)) == "LossScale(128, fixed)"
-    with pytest.raises(wb.GraphError, match="loss_scale must be None, 'dynamic', a positive number or a LossScale, got 'auto'"):
+    with pytest.raises(
+        wb.GraphError, match="loss_scale must be None, 'dynamic', a positive number or a LossScale, got 'auto'"
+    ):
         wb.optimizers.LossScale.of("auto")
     with pytest.raises(wb.GraphError, match="factor > 1"):
         wb.optimizers.LossScale(factor=1.0)
@@ -121,7 +123,10 @@ def test_mixed_precision_mlp_learns_digits_like_float32(digits):
 
 
 def test_a_fixed_scale_gives_the_unscaled_update():
-    a, b = mlp(loss_scale=1.0, optimizer=wb.optimizers.SGD(0.1)), mlp(loss_scale=1024.0, optimizer=wb.optimizers.SGD(0.1))
+    a, b = (
+        mlp(loss_scale=1.0, optimizer=wb.optimizers.SGD(0.1)),
+        mlp(loss_scale=1024.0, optimizer=wb.optimizers.SGD(0.1)),
+    )
     rng = np.random.default_rng(0)
     X, Y = rng.random((64, 64)).astype(np.float32), rng.integers(0, 10, 64)
     results = []

@@ -152,7 +152,10 @@ def test_notebook_runs_and_saves_pictures_of_its_views(name, kernel_env, tmp_pat
     result = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     page = (tmp_path / name).with_suffix(".html").read_text(encoding="utf-8")
-    images = [base64.b64decode(src).decode() for src in re.findall(r'<img[^>]* src="data:image/svg\+xml;base64,([^"]+)"', page)]
+    images = [
+        base64.b64decode(src).decode()
+        for src in re.findall(r'<img[^>]* src="data:image/svg\+xml;base64,([^"]+)"', page)
+    ]
     inline = [svg for svg in images if 'class="wb-snapshot"' in svg]
     assert len(inline) == len(svgs)
     assert_shows(inline, PICTURES[name])

@@ -80,7 +80,10 @@ def adam_reference(lr, steps, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip
 
 CASES = {
     "sgd": (lambda: wb.optimizers.SGD(0.05), lambda n: sgd_reference(0.05, n)),
-    "sgd_decay": (lambda: wb.optimizers.SGD(0.05, weight_decay=0.1), lambda n: sgd_reference(0.05, n, weight_decay=0.1)),
+    "sgd_decay": (
+        lambda: wb.optimizers.SGD(0.05, weight_decay=0.1),
+        lambda n: sgd_reference(0.05, n, weight_decay=0.1),
+    ),
     "sgd_clip": (lambda: wb.optimizers.SGD(0.05, clip_norm=0.5), lambda n: sgd_reference(0.05, n, clip_norm=0.5)),
     "momentum": (lambda: wb.optimizers.Momentum(0.02, momentum=0.8), lambda n: momentum_reference(0.02, 0.8, n)),
     "nesterov": (
@@ -113,7 +116,9 @@ def test_matches_numpy_reference_step_by_step(case):
     for step, expected in enumerate(reference(steps), start=1):
         sess.run(train, feed)
         for name in ("w", "b"):
-            np.testing.assert_allclose(sess.variables[name], expected[name], rtol=1e-10, atol=1e-14, err_msg=f"{name} at step {step}")
+            np.testing.assert_allclose(
+                sess.variables[name], expected[name], rtol=1e-10, atol=1e-14, err_msg=f"{name} at step {step}"
+            )
     # and they optimize
     first = next(iter(reference(1)))
     assert not np.allclose(sess.variables["w"], first["w"])
@@ -164,7 +169,9 @@ def test_adam_counts_steps():
     assert sess.variables[step.name] == 3
 
 
-@pytest.mark.parametrize("make", [lambda: wb.optimizers.SGD(0.1), lambda: wb.optimizers.Momentum(0.1), lambda: wb.optimizers.Adam(0.1)])
+@pytest.mark.parametrize(
+    "make", [lambda: wb.optimizers.SGD(0.1), lambda: wb.optimizers.Momentum(0.1), lambda: wb.optimizers.Adam(0.1)]
+)
 def test_var_list_limits_the_updates(make):
     g, train = build(make(), var_list=["b"])
     sess = wb.Session(g)

@@ -89,15 +89,23 @@ def test_uneven_shards_wait_for_the_largest():
     ],
 )
 def test_the_seed_case(link, strategy, workers, low, high):
-    (row,) = predict(seed_case(), [workers], strategies=[strategy], assumptions=Assumptions(link=link, batch="per_replica"))
+    (row,) = predict(
+        seed_case(), [workers], strategies=[strategy], assumptions=Assumptions(link=link, batch="per_replica")
+    )
     assert low <= row["efficiency"] <= high
 
 
 def test_efficiency_falls_with_the_workers_and_rises_with_the_link():
     p = seed_case()
     for strategy in ("allreduce", "parameter_server"):
-        slow = [r["efficiency"] for r in predict(p, [2, 8, 32, 100], [strategy], Assumptions(link="10gbe", batch="per_replica"))]
-        fast = [r["efficiency"] for r in predict(p, [2, 8, 32, 100], [strategy], Assumptions(link="nvlink", batch="per_replica"))]
+        slow = [
+            r["efficiency"]
+            for r in predict(p, [2, 8, 32, 100], [strategy], Assumptions(link="10gbe", batch="per_replica"))
+        ]
+        fast = [
+            r["efficiency"]
+            for r in predict(p, [2, 8, 32, 100], [strategy], Assumptions(link="nvlink", batch="per_replica"))
+        ]
         assert slow == sorted(slow, reverse=True)
         assert all(f >= s for f, s in zip(fast, slow))
 

@@ -172,7 +172,9 @@ def test_check_numerics_names_the_first_bad_op_and_line(graph):
     sess = wb.Session(graph)
     with np.errstate(all="ignore"):
         assert np.isnan(sess.run(z, {x: [-1.0]})).all()  # off by default
-        with pytest.raises(wb.NumericsError, match=r"(?s)log 'log' produced NaN.*y = wb.log\(x\)  # NaN for negative x"):
+        with pytest.raises(
+            wb.NumericsError, match=r"(?s)log 'log' produced NaN.*y = wb.log\(x\)  # NaN for negative x"
+        ):
             sess.run(z, {x: [-1.0, 2.0]}, check_numerics=True)
         with pytest.raises(wb.NumericsError, match="log 'log' produced Inf"):
             sess.run(z, {x: [0.0]}, check_numerics=True)
@@ -187,7 +189,9 @@ def test_check_numerics_in_fit(graph):
     sess = wb.Session(graph)
     data = np.array([[1.0], [2.0], [-3.0], [4.0]])
     with np.errstate(all="ignore"):
-        with pytest.raises(wb.NumericsError, match=r"(?s)log 'log' produced NaN.*loss = wb.mean\(wb.log\(x @ w\)\)  # the bad line"):
+        with pytest.raises(
+            wb.NumericsError, match=r"(?s)log 'log' produced NaN.*loss = wb.mean\(wb.log\(x @ w\)\)  # the bad line"
+        ):
             sess.fit(train, {x: data}, batch_size=4, steps=3, check_numerics=True)
     assert sess.variables["w"] == 1.0  # stopped before the update
 
@@ -294,7 +298,9 @@ def test_fit_records_and_lengths(model):
 def test_fit_is_deterministic(model):
     def train(seed):
         sess = wb.Session(model["g"], seed=seed)
-        hist = sess.fit(model["train"], {"x": model["X"], "y": model["Y"]}, batch_size=8, steps=20, fetches=[model["loss"]])
+        hist = sess.fit(
+            model["train"], {"x": model["X"], "y": model["Y"]}, batch_size=8, steps=20, fetches=[model["loss"]]
+        )
         return hist[model["loss"].name], sess.variables
 
     l0, v0 = train(0)
@@ -457,7 +463,11 @@ def test_restore_checks_shapes_dtypes_and_names(model, tmp_path):
         np.savez(tmp_path / name, __workbench_checkpoint__=np.array(1), **{**values, **changes})
         return tmp_path / name
 
-    assert_restore_fails(sess, write("shape.npz", w=np.zeros((1, 3))), r"checkpoint value of 'w' is float64 \(1, 3\), the variable is float64 \(3, 1\)")
+    assert_restore_fails(
+        sess,
+        write("shape.npz", w=np.zeros((1, 3))),
+        r"checkpoint value of 'w' is float64 \(1, 3\), the variable is float64 \(3, 1\)",
+    )
     assert_restore_fails(sess, write("dtype.npz", b=np.zeros(1, np.float32)), "checkpoint value of 'b' is float32")
     assert_restore_fails(sess, write("extra.npz", zz=np.zeros(1)), "has variables this graph lacks: zz")
     partial = {k: v for k, v in values.items() if k != "b"}
@@ -475,7 +485,9 @@ def test_a_failing_kernel_names_the_op_and_its_line():
     sess = wb.Session(g)
     events = []
     sess.events.subscribe(events.append)
-    with pytest.raises(wb.ExecutionError, match=r"gather 'gather' failed: IndexError: .*\n.*picked = wb.gather") as info:
+    with pytest.raises(
+        wb.ExecutionError, match=r"gather 'gather' failed: IndexError: .*\n.*picked = wb.gather"
+    ) as info:
         sess.run(picked, {params: [1.0, 2.0], index: [5]})
     assert isinstance(info.value, RuntimeError) and info.value.op == "gather"
     assert [type(e) for e in events] == [PlanCompiled, RunStarted, RunFailed]
@@ -499,9 +511,13 @@ def test_feeds_that_a_cast_would_change_are_refused(device):
         sess.run(outs[0], {"i32": np.array([1, 2**40], np.int64)})
     with pytest.raises(wb.FeedError, match="placeholder 'i32' expects int32 values, got int64 value -2147483649"):
         sess.run(outs[0], {"i32": np.array([-(2**31) - 1], np.int64)})
-    with pytest.raises(wb.FeedError, match="placeholder 'i64' expects int64 values, got uint64 value 9223372036854775808"):
+    with pytest.raises(
+        wb.FeedError, match="placeholder 'i64' expects int64 values, got uint64 value 9223372036854775808"
+    ):
         sess.run(outs[1], {"i64": np.array([3, 2**63], np.uint64)})
-    with pytest.raises(wb.FeedError, match="placeholder 'f32' expects float32 values, got float64 value 1e\\+300 that overflows"):
+    with pytest.raises(
+        wb.FeedError, match="placeholder 'f32' expects float32 values, got float64 value 1e\\+300 that overflows"
+    ):
         sess.run(outs[2], {"f32": np.array([1.0, 1e300])})
     # lossless casts (and float rounding, and infinities already there) stay accepted
     assert sess.run(outs[0], {"i32": np.array([-(2**31), 2**31 - 1], np.int64)}).tolist() == [-(2**31), 2**31 - 1]

@@ -15,7 +15,9 @@ def mlp():
         x = wb.placeholder("x", shape=(None, 4))
         y = wb.placeholder("y", shape=(None,), dtype="int64")
         with wb.name_scope("layer1"):
-            h = wb.relu(wb.matmul(x, wb.variable("w", shape=(4, 8), init="glorot_uniform")) + wb.variable("b", shape=(8,)))
+            h = wb.relu(
+                wb.matmul(x, wb.variable("w", shape=(4, 8), init="glorot_uniform")) + wb.variable("b", shape=(8,))
+            )
         with wb.name_scope("out"):
             logits = wb.matmul(h, wb.variable("w", shape=(8, 3), init="glorot_uniform"))
         loss = wb.mean(wb.softmax_cross_entropy(logits, y), name="loss")

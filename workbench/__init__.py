@@ -45,7 +45,6 @@ from workbench.graph.precision import mixed_precision
 from workbench.graph.probes import watch
 from workbench.metrics import accuracy
 from workbench.ops import PUBLIC as _PUBLIC_OPS
-from workbench import cluster
 from workbench.session import Session
 from workbench.model import Model, export_onnx, load_model
 from workbench.strategies import strategy, strategy_graph

@@ -13,7 +13,8 @@ about [-6, 6] x [-6, 6]; labels are 0 and 1.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -100,3 +100,17 @@ def _user_traceback(error: BaseException) -> list[str]:
 
 
 WorkbenchError._render_traceback_ = _user_traceback
+
+
+def brief(value, limit: int = 200) -> str:
+    """``repr(value)``, shortened in the middle past ``limit`` characters: what an error message may
+    quote of a value that came from a file (a 50 MB string must not come back in the message).
+
+    >>> brief("x" * 1000, limit=20)
+    "'xxxxxxx ... (1002 characters) ... xxxxxxx'"
+    """
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    keep = max(limit // 2 - 2, 1)
+    return f"{text[:keep]} ... ({len(text)} characters) ... {text[-keep:]}"

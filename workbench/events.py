@@ -22,7 +22,8 @@ import contextvars
 
 import uuid
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
 
 
 def new_token(prefix: str) -> str:

@@ -8,22 +8,13 @@ needs one, so plain scripts never load ipywidgets.
 
 from __future__ import annotations
 
-import sys
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from workbench.events import ROOT, Event, EventStream, FitStarted, ScalingStarted
+from workbench.kernel import in_kernel  # noqa: F401 - also this module's: magics asks it here
 
 _hook: dict[str, Any] = {"unsubscribe": None, "display": None, "views": {}}
-
-
-def in_kernel() -> bool:
-    """Whether this process is an IPython kernel (a notebook, not a terminal or a script)."""
-    if "IPython" not in sys.modules:  # never import IPython just to ask
-        return False
-    from IPython import get_ipython
-
-    ip = get_ipython()
-    return ip is not None and getattr(ip, "kernel", None) is not None
 
 
 def install(stream: EventStream = ROOT, display: Callable[[Any], Any] | None = None) -> None:

@@ -245,7 +245,7 @@ def measure_profile(
     batch_size: int,
     strategy: str,
     model_bytes: int,
-    assumptions: model.Assumptions = model.Assumptions(),
+    assumptions: model.Assumptions | None = None,
     compute=(),
 ) -> model.Profile:
     """The profile of a study: compute and update from its step records (``measured``: worker
@@ -256,6 +256,7 @@ def measure_profile(
     from one point): larger counts may share cores and are left out. The per-step overhead is
     what the smallest count's mean step time leaves after the modelled parts.
     """
+    assumptions = model.Assumptions() if assumptions is None else assumptions
     workers = list(workers)
     first = min(measured)
     points = [

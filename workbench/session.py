@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, FeedError, GraphError, WorkbenchError
+from workbench.errors import FeedError, GraphError, WorkbenchError
 from workbench.events import ROOT, EventStream, PlanCompiled, RunFailed, RunFinished, RunStarted, new_token
-from workbench.fitloop import FitLoop, FitRequest, LocalSteps, request_stop
+from workbench.fitloop import FitLoop, request_stop
 from workbench.devices import open_device
 from workbench.graph.compile import PlanCache, PlanKey, compile_plan
 from workbench.graph import default_session
@@ -23,8 +23,8 @@ from workbench.graph.plan import Plan
 from workbench.ops import rules
 from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
-from workbench.graph.probes import probes, watch
-from workbench.training import History, check_data, check_fit_arguments, is_dask_array
+from workbench.training import History, check_fit_arguments, is_dask_array
+from workbench import fit_arguments
 from workbench.validation import make_validation
 
 
@@ -395,27 +395,14 @@ class Session:
         On a cluster every failure is a ``ClusterError`` whose cause is chained.
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
-        request = self._fit_request(train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict)
-        if checkpoint_dir is not None:  # resuming here: the batches of the fit it continues
-            where = os.path.abspath(checkpoint.check_path(checkpoint_dir))
-            request = dataclasses.replace(request, batch_seed=self._batch_seeds.setdefault(where, request.batch_seed))
+        request = fit_arguments.request(
+            self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict, checkpoint_dir
+        )
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
-        if self.client is None:
-            engine, every = self._local_engine(request, replicas, strategy), checkpoint_every
-        else:
-            from workbench.cluster.engines import make_engine
-            from workbench.cluster.options import ClusterOptions
-
-            chosen = tuple(workers) if workers is not None else None
-            if _runs_a_strategy_function(strategy):  # the members run the strategy's replica program
-                from workbench.cluster import strategy_engine
-
-                options = ClusterOptions(None, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
-                engine = strategy_engine.make(request, self.client, options, self.events, strategy)
-            else:
-                options = ClusterOptions(strategy, replicas, window, sync_every, chosen, backup_replicas, step_timeout)
-                engine = make_engine(request, self.client, options, self.events)
-            every = checkpoint_every or sync_every
+        cluster = {"window": window, "sync_every": sync_every, "workers": workers, "backup_replicas": backup_replicas}
+        engine, every = fit_arguments.engine(
+            self, request, replicas, strategy, checkpoint_every, step_timeout=step_timeout, **cluster
+        )
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
         self.last_history = loop.history
         try:
@@ -432,75 +419,9 @@ class Session:
         a callback, a timer, the training view's Stop button). Returns whether a fit was running."""
         return request_stop(self.token)
 
-    def _local_engine(self, request: FitRequest, replicas, strategy):
-        """Local training, or with ``replicas`` or a strategy function the one-process simulation of
-        the replicas (:mod:`workbench.simulation`)."""
-        if strategy in (None, "local") and replicas in (None, 1):
-            return LocalSteps(self, request)
-        if strategy == "parameter_server":
-            raise ClusterError(
-                "strategy='parameter_server' needs a cluster: create the session with cluster='local' or an address"
-            )
-        from workbench.simulation import SimulatedReplicas
-
-        return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
-
-    def _fit_request(
-        self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None
-    ) -> FitRequest:
-        """The checked arguments of :meth:`fit` as plain values, for the loop and its engine."""
-        arrays = self._fit_data(data)
-        n = check_data(arrays)
-        if steps is None:
-            steps = (epochs or 1) * (n // batch_size)
-        labels, fetch_list = _fetch_labels(fetches)
-        self._fits += 1
-        return FitRequest(
-            graph=self.graph,
-            train=self._fetch_name(train),
-            data=arrays,
-            batch_size=batch_size,
-            steps=steps,
-            fetches={label: self._fetch_name(f) for label, f in zip(labels, fetch_list)},
-            batch_seed=(self.seed, self._fits),
-            seed=self.seed,
-            device=self.device,
-            check_numerics=check_numerics,
-            stats={} if stats is None else self._probes(train),
-            stats_every=stats or 0,
-            feeds=self._fixed_feeds(feed_dict, arrays),
-        )
-
-    def _fixed_feeds(self, feed_dict, data: dict) -> dict:
-        """``fit``'s ``feed_dict``: placeholder name to a checked host array, fed at every step."""
-        if feed_dict is None:
-            return {}
-        if not isinstance(feed_dict, dict):
-            raise FeedError(
-                f"fit() feed_dict must be a dict from placeholders to values, got {type(feed_dict).__name__}"
-            )
-        fixed = {}
-        for key, value in feed_dict.items():
-            ph = self._placeholder(key)
-            if ph.name in data:
-                raise FeedError(f"fit() feeds placeholder {ph.name!r} both in data (by rows) and in feed_dict")
-            fixed[ph.name] = self._feed_value(ph, value)
-        return fixed
-
-    def _probes(self, train) -> dict[str, str]:
-        """Label to tensor of the graph's statistic ops (:func:`workbench.watch`'s defaults if it has none)."""
-        found = probes(self.graph) or watch(self._fetch_name(train), graph=self.graph)
-        return {p.label: p.tensor for p in found}
-
     def _fit_data(self, data: dict) -> dict:
-        """Placeholder name to checked examples (dask arrays cast lazily)."""
-        arrays = {}
-        for key, value in data.items():
-            ph = self._placeholder(key)
-            arrays[ph.name] = (
-                value.astype(ph.dtype) if is_dask_array(value) else self._feed_value(ph, value, any_length=True)
-            )
-        return arrays
+        """Placeholder name to checked examples (dask arrays cast lazily): ``fit``'s data, and validation's."""
+        return fit_arguments.examples(self, data)
 
     def close(self) -> None:
         """Close the cluster client (and local cluster) this session started, if any."""
@@ -601,23 +522,6 @@ def _client_for(cluster, security=None):
     return client, client is not cluster
 
 
-def _runs_a_strategy_function(strategy) -> bool:
-    """Whether ``strategy`` names a strategy function (not one of the cluster's own engines)."""
-    from workbench.cluster.engines import STRATEGIES
-    from workbench.strategies import is_strategy
-
-    if strategy is None or (isinstance(strategy, str) and strategy in STRATEGIES):
-        return False
-    if isinstance(strategy, str) and not is_strategy(strategy):
-        from workbench.strategies import names
-
-        raise ClusterError(
-            f"unknown strategy {strategy!r}; strategies are {', '.join(sorted(STRATEGIES))} (cluster engines) "
-            f"and {', '.join(names())} (registered strategy functions)"
-        )
-    return is_strategy(strategy)
-
-
 def _is_initializer(fetch) -> bool:
     return isinstance(fetch, Operation) and fetch.type == "initialize_variables"
 
@@ -628,16 +532,6 @@ def _updated_variables(graph: Graph) -> list[str]:
 
 def _fmt(shape) -> str:
     return "any" if shape is None else rules.fmt(shape)
-
-
-def _fetch_labels(fetches) -> tuple[list[str], list]:
-    if fetches is None:
-        return [], []
-    if isinstance(fetches, dict):
-        return list(fetches), list(fetches.values())
-    if not isinstance(fetches, (list, tuple)):
-        fetches = [fetches]
-    return [f if isinstance(f, str) else f.name for f in fetches], list(fetches)
 
 
 def _flatten(fetches) -> tuple[list, Callable[[list], Any]]:

@@ -194,7 +194,9 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
                 "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length > 15", timeout=15_000
             )
             assert graph.locator("g.wb-scope[data-scope='gradients']").count() == 1
-            graph.locator("g.wb-scope[data-scope='gradients'] text.wb-box-title").click()  # fold it again for the screenshot
+            graph.locator(
+                "g.wb-scope[data-scope='gradients'] text.wb-box-title"
+            ).click()  # fold it again for the screenshot
             page.wait_for_function(
                 "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 15", timeout=15_000
             )
@@ -497,8 +499,12 @@ def test_dashboard_workbench_page_follows_a_fit(tmp_path):
     with g.as_default():
         x = wb.placeholder("x", shape=(None, 64))
         y = wb.placeholder("y", shape=(None,), dtype="int64")
-        h = wb.relu(wb.matmul(x, wb.variable("w1", shape=(64, 32), init="glorot_uniform")) + wb.variable("b1", shape=(32,)))
-        loss = wb.mean(wb.softmax_cross_entropy(wb.matmul(h, wb.variable("w2", shape=(32, 10), init="glorot_uniform")), y))
+        h = wb.relu(
+            wb.matmul(x, wb.variable("w1", shape=(64, 32), init="glorot_uniform")) + wb.variable("b1", shape=(32,))
+        )
+        loss = wb.mean(
+            wb.softmax_cross_entropy(wb.matmul(h, wb.variable("w2", shape=(32, 10), init="glorot_uniform")), y)
+        )
         train = wb.optimizers.SGD(0.1).minimize(loss)
     client = wb.cluster.connect("local", n_workers=2)
     forward()
@@ -601,7 +607,9 @@ def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
         assert max(values) == float(layer1.get_attribute("data-stat"))
         layer1.click()  # a folded scope opens: its variables show their own norms, the statistics ops stay folded
         graph.locator("g.wb-node[data-id='layer1/w'][data-stat]").wait_for(timeout=15_000)
-        assert float(graph.locator("g.wb-node[data-id='layer1/w']").get_attribute("data-stat")) == pytest.approx(norm, rel=1e-4)
+        assert float(graph.locator("g.wb-node[data-id='layer1/w']").get_attribute("data-stat")) == pytest.approx(
+            norm, rel=1e-4
+        )
         assert graph.locator("g.wb-node[data-kind='scope'][data-id='stats']").count() == 1
         graph.locator("g.wb-node[data-id='layer1/w']").click()  # its details name the statistic
         assert f"gradient norm at step {spike}" in graph.locator(".wb-details").inner_text()

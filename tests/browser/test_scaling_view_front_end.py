@@ -59,7 +59,10 @@ def test_predictions_are_dashed_curves_with_rows_and_assumptions():
             root = page.locator(".wb-scaling")
             dashed = root.locator("path.wb-predicted")
             assert dashed.count() == 4  # two strategies, two charts
-            assert sorted({dashed.nth(i).get_attribute("data-strategy") for i in range(4)}) == ["allreduce", "parameter_server"]
+            assert sorted({dashed.nth(i).get_attribute("data-strategy") for i in range(4)}) == [
+                "allreduce",
+                "parameter_server",
+            ]
             assert dashed.first.get_attribute("stroke-dasharray") == "5 4"
             assert root.locator("circle.wb-point").count() == 4  # 2 measured counts, 2 charts
             table = root.locator("table").inner_text()

@@ -129,3 +129,43 @@ def test_a_killed_worker_restarts_the_run_from_the_last_sync(client3, kit):
     engine.close()
     assert reported == list(range(1, steps + 1))
     kit.assert_same_variables(expected, variables, rtol=1e-9)
+
+
+@pytest.fixture
+def fresh3():
+    """Three worker processes of its own: the test kills two of them."""
+    client = wb.cluster.connect("local", n_workers=3)
+    try:
+        client.wait_for_workers(3, timeout=60)
+        yield client
+    finally:
+        wb.cluster.close(client)
+
+
+def test_a_second_worker_dying_during_the_relaunch_costs_one_more_restart(fresh3, kit):
+    client3 = fresh3
+    steps = 30
+    m, data, start, expected, _ = local_run(kit, "float64", 24, steps=steps)
+    pids = client3.run(os.getpid)
+    members = sorted(pids)
+    engine = engine_for(client3, m, data, 24, None, timeout=5)  # any worker: restarted ones too
+    relaunch = engine._launch
+
+    def launch_while_another_dies(chosen):
+        if engine.restarts == 1:  # the first relaunch: one more of its members dies as it starts
+            victim = chosen[-1]
+            os.kill(client3.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        return relaunch(chosen)
+
+    engine._launch = launch_while_another_dies
+    engine.start(start, 0)
+    reported = []
+    for outcome in engine.run(1, steps, sync_at=lambda s: s % 10 == 0):
+        reported.append(outcome.step)
+        if outcome.step == 12:
+            os.kill(pids[members[1]], signal.SIGKILL)
+    variables, _ = engine.variables()
+    assert engine.restarts >= 2
+    engine.close()
+    assert reported == list(range(1, steps + 1))  # workers remained: the fit went on
+    kit.assert_same_variables(expected, variables, rtol=1e-9)

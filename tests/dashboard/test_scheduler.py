@@ -103,7 +103,9 @@ def test_page_and_metrics_follow_a_fit_on_a_preloaded_cli_scheduler(preloaded, f
     assert len(curve["loss"]) >= 20 and curve["step"][0] == 1
     timeline = next(s for s in seen["sources"] if "phase" in s)
     assert set(timeline["phase"]) == {"allreduce"}  # the default strategy: one task per worker and step
-    assert len({w for w, p in zip(timeline["worker"], timeline["phase"]) if p == "allreduce"}) == 2  # a replica per worker
+    assert (
+        len({w for w, p in zip(timeline["worker"], timeline["phase"]) if p == "allreduce"}) == 2
+    )  # a replica per worker
     final = fetch(f"{dashboard}/metrics")
     assert 'workbench_training_steps_total{graph="probe"} 40.0' in final
     assert 'workbench_training_running{graph="probe"} 0.0' in final

@@ -39,7 +39,9 @@ class FakeCublas:
         self.streams.append(stream.value or 0)  # c_void_p(0).value is None
         return 0
 
-    def cublasGemmEx(self, handle, op_a, op_b, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, c_type, ldc, compute, algo):
+    def cublasGemmEx(
+        self, handle, op_a, op_b, m, n, k, alpha, a, a_type, lda, b, b_type, ldb, beta, c, c_type, ldc, compute, algo
+    ):
         self.calls.append((op_a, op_b, m, n, k, lda, ldb, ldc))
         if self.fail:
             return 13  # CUBLAS_STATUS_EXECUTION_FAILED

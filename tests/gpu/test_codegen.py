@@ -24,7 +24,7 @@ def test_constants_are_exact_literals():
     assert body == "const double v2 = (double)0.9 * in0;\nout0 = v2;"
     f32 = float(np.float32(0.9))
     assert codegen.literal(f32, "float32") == f"(float){f32!r}"
-    assert np.float32(float(codegen.literal(f32, "float32")[len("(float)"):])) == np.float32(0.9)
+    assert np.float32(float(codegen.literal(f32, "float32")[len("(float)") :])) == np.float32(0.9)
     assert codegen.literal(True, "bool") == "true" and codegen.literal(3, "int64") == "(long long)3"
 
 
@@ -67,7 +67,9 @@ def test_float16_is_computed_in_float_and_rounded_when_stored():
 
 
 def test_raw_kernels_load_and_store_half_types():
-    lines, result, dtype = codegen.body_lines((("add", (0, 1), (), "bfloat16"),), ("bfloat16", "float16"), dialect="raw")
+    lines, result, dtype = codegen.body_lines(
+        (("add", (0, 1), (), "bfloat16"),), ("bfloat16", "float16"), dialect="raw"
+    )
     assert lines == ["const float v2 = __bfloat162float(in0) + __half2float(in1);"] and dtype == "bfloat16"
     assert codegen.store(result, dtype, "raw") == "__float2bfloat16(v2)"
     assert codegen.rounded(1 + 2**-8, "bfloat16") == 1.0 and codegen.rounded(1 + 3 * 2**-8, "bfloat16") == 1 + 2**-6
@@ -196,10 +198,18 @@ def test_direct_copyto_is_one_memcpy_for_arrays_of_one_shape_and_dtype():
 
     class Array:  # a device array as far as copyto looks: class, dtype, shape, flags, data, nbytes
         def __init__(self, view):
-            self.view, self.dtype, self.shape, self.flags, self.nbytes = view, view.dtype, view.shape, view.flags, view.nbytes
+            self.view, self.dtype, self.shape, self.flags, self.nbytes = (
+                view,
+                view.dtype,
+                view.shape,
+                view.flags,
+                view.nbytes,
+            )
             self.data = Pointer(self)
 
-    fake = types.SimpleNamespace(ndarray=Array, cuda=object(), matmul=None, copyto=lambda d, s, **kw: fallbacks.append((s, kw)))
+    fake = types.SimpleNamespace(
+        ndarray=Array, cuda=object(), matmul=None, copyto=lambda d, s, **kw: fallbacks.append((s, kw))
+    )
     xp = direct_calls(fake, compat)
     dst, src = Array(np.zeros((2, 3), np.float32)), Array(np.ones((2, 3), np.float32))
     xp.copyto(dst, src)

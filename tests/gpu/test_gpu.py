@@ -26,8 +26,13 @@ def _mlp(dtype="float32"):
     with g.as_default():
         x = wb.placeholder("x", shape=(None, 20), dtype=dtype)
         y = wb.placeholder("y", shape=(None,), dtype="int64")
-        h = wb.relu(wb.matmul(x, wb.variable("w1", shape=(20, 32), dtype=dtype)) + wb.variable("b1", shape=(32,), init=0.1, dtype=dtype))
-        logits = wb.matmul(h, wb.variable("w2", shape=(32, 5), dtype=dtype)) + wb.variable("b2", shape=(5,), init="zeros", dtype=dtype)
+        h = wb.relu(
+            wb.matmul(x, wb.variable("w1", shape=(20, 32), dtype=dtype))
+            + wb.variable("b1", shape=(32,), init=0.1, dtype=dtype)
+        )
+        logits = wb.matmul(h, wb.variable("w2", shape=(32, 5), dtype=dtype)) + wb.variable(
+            "b2", shape=(5,), init="zeros", dtype=dtype
+        )
         loss = wb.mean(wb.softmax_cross_entropy(logits, y), name="loss")
         train = wb.optimizers.Adam(0.01).minimize(loss)
     return g, train, loss
@@ -181,7 +186,9 @@ def test_vectorized_kernels_match_elementwise_kernels(size):
     elementwise = kernels(gpu.xp, program, [lr, m, v])
     reference = elementwise.elementwise(lr, m[:size], v[:size])  # the ElementwiseKernel alone
     np.testing.assert_allclose(cp.asnumpy(got), cp.asnumpy(reference), rtol=1e-6)
-    np.testing.assert_allclose(cp.asnumpy(got), run_program(np, program, [cp.asnumpy(a) for a in (lr, m[:size], v[:size])]), rtol=1e-5)
+    np.testing.assert_allclose(
+        cp.asnumpy(got), run_program(np, program, [cp.asnumpy(a) for a in (lr, m[:size], v[:size])]), rtol=1e-5
+    )
     shifted = call(gpu.xp, lr, m[1:], v[1:], program=program)  # 4 bytes past alignment: the elementwise kernel
     assert vector_layout((lr, m[1:], v[1:]), lambda a: a.data.ptr) is None and kernels.vector_calls == before + 1
     np.testing.assert_allclose(cp.asnumpy(shifted), cp.asnumpy(elementwise.elementwise(lr, m[1:], v[1:])), rtol=1e-6)
@@ -197,8 +204,12 @@ def test_vectorized_kernels_fall_back_for_broadcasting():
     fused = functools.partial(REGISTRY["fused_elementwise"].kernel, compilers=gpu.fused_compilers)
     expected = np.maximum(cp.asnumpy(a) + cp.asnumpy(row), 0)
     np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, row, program=program)), expected)  # broadcast: N-d kernel
-    np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, a.T.copy().T, program=program)), np.maximum(2 * cp.asnumpy(a), 0))
-    np.testing.assert_array_equal(cp.asnumpy(fused(xp, a, cp.broadcast_to(row, a.shape) + 0, program=program)), expected)
+    np.testing.assert_array_equal(
+        cp.asnumpy(fused(xp, a, a.T.copy().T, program=program)), np.maximum(2 * cp.asnumpy(a), 0)
+    )
+    np.testing.assert_array_equal(
+        cp.asnumpy(fused(xp, a, cp.broadcast_to(row, a.shape) + 0, program=program)), expected
+    )
 
 
 @pytest.mark.parametrize("bad", [-1, 5])
@@ -212,7 +223,9 @@ def test_labels_out_of_range_are_errors_on_the_device(bad):
         sess.run(loss, {"x": X, "y": Y})
     with g.as_default():
         hot = wb.one_hot(wb.placeholder("labels", shape=(None,), dtype="int64"), 5)
-        picked = wb.gather(wb.placeholder("params", shape=(None, 2)), wb.placeholder("index", shape=(None,), dtype="int32"))
+        picked = wb.gather(
+            wb.placeholder("params", shape=(None, 2)), wb.placeholder("index", shape=(None,), dtype="int32")
+        )
     with pytest.raises(wb.ExecutionError, match=f"one_hot .* index {bad} at position 6"):
         sess.run(hot, {"labels": Y})
     with pytest.raises(wb.ExecutionError, match=f"gather .* index {bad} at position 1"):

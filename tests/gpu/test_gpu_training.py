@@ -43,7 +43,9 @@ def _feed(n=96, seed=0):
 def test_fused_updates_and_cross_entropy_run_as_generated_kernels(make):
     g, train, loss = _mlp(make())
     cpu, gpu = wb.Session(g, seed=3), wb.Session(g, seed=3, device="gpu")
-    updates, cross_entropy = (fused_train.DEVICE_KERNELS[k][0] for k in (fused_train.FUSED_UPDATE, fused_train.SCE_WITH_GRAD))
+    updates, cross_entropy = (
+        fused_train.DEVICE_KERNELS[k][0] for k in (fused_train.FUSED_UPDATE, fused_train.SCE_WITH_GRAD)
+    )
     calls = updates.calls, cross_entropy.calls
     for i in range(5):
         feed = _feed(seed=i)
@@ -107,7 +109,9 @@ def test_convolutions_run_as_generated_kernels_and_one_product_each():
     with g.as_default():
         x = wb.placeholder("x", shape=(None, 3, 16, 16))
         y = wb.placeholder("y", shape=(None,), dtype="int64")
-        h = wb.max_pool2d(wb.relu(wb.conv2d(x, wb.variable("c1", shape=(8, 3, 3, 3), init="he_uniform"), padding="same")), 2)
+        h = wb.max_pool2d(
+            wb.relu(wb.conv2d(x, wb.variable("c1", shape=(8, 3, 3, 3), init="he_uniform"), padding="same")), 2
+        )
         h = wb.relu(wb.conv2d(h, wb.variable("c2", shape=(16, 8, 3, 3), init="he_uniform"), stride=2, padding="same"))
         logits = wb.matmul(wb.reshape(h, (-1, 16 * 16)), wb.variable("w", shape=(16 * 16, 5)))
         loss = wb.mean(wb.softmax_cross_entropy(logits, y))

@@ -38,7 +38,9 @@ def test_nccl_ranks_end_with_the_same_bits():
         assert group.nccl_id
         results = client.gather([client.submit(reduce_on_my_gpu, group, 100_003, workers=[a], pure=False)
                                  for a in group.addresses])  # fmt: skip
-        expected = (np.random.default_rng(0).standard_normal(100_003) + np.random.default_rng(1).standard_normal(100_003)) * 0.5
+        expected = (
+            np.random.default_rng(0).standard_normal(100_003) + np.random.default_rng(1).standard_normal(100_003)
+        ) * 0.5
         np.testing.assert_allclose(results[0], expected, rtol=1e-12)
         assert results[0].tobytes() == results[1].tobytes()
     finally:

@@ -70,7 +70,10 @@ class HostRawKernel:
     def __init__(self, source, name):
         head = source.split(f"void {name}(", 1)[1].split(") {", 1)[0]
         params = [p.strip() for p in head.split(",")]
-        args = [f"({p.rsplit(' ', 1)[0]})a[{k}]" if "*" in p else f"*({p.rsplit(' ', 1)[0]}*)a[{k}]" for k, p in enumerate(params)]
+        args = [
+            f"({p.rsplit(' ', 1)[0]})a[{k}]" if "*" in p else f"*({p.rsplit(' ', 1)[0]}*)a[{k}]"
+            for k, p in enumerate(params)
+        ]
         body = "\n".join(line for line in source.splitlines() if not line.startswith("#include <cuda_"))
         launcher = (
             'extern "C" void launch(unsigned grid, unsigned block, void** a) {\n'
@@ -103,7 +106,9 @@ def _mlp(optimizer, classes=3):
         x = wb.placeholder("x", shape=(None, 6))
         y = wb.placeholder("y", shape=(None,), dtype="int64")
         h = wb.relu(wb.matmul(x, wb.variable("w1", shape=(6, 10))) + wb.variable("b1", shape=(10,), init=0.1))
-        logits = wb.matmul(h, wb.variable("w2", shape=(10, classes))) + wb.variable("b2", shape=(classes,), init="zeros")
+        logits = wb.matmul(h, wb.variable("w2", shape=(10, classes))) + wb.variable(
+            "b2", shape=(classes,), init="zeros"
+        )
         loss = wb.mean(wb.softmax_cross_entropy(logits, y), name="loss")
         train = optimizer.minimize(loss)
     return g, train, loss
@@ -144,7 +149,9 @@ def test_cross_entropy_kernel_matches_numpy(dtype, rtol, mean):
     logits = (rng.normal(size=(300, 7)) * 4).astype(dtype)
     labels = rng.integers(0, 7, 300).astype(np.int32)
     upstream = np.array(1.5, dtype)
-    run = CrossEntropyKernels(FAKE_CUPY, 1)(np, (logits, labels, upstream), {"axis": None, "keepdims": False, "mean": mean})
+    run = CrossEntropyKernels(FAKE_CUPY, 1)(
+        np, (logits, labels, upstream), {"axis": None, "keepdims": False, "mean": mean}
+    )
     loss, dlogits = run(logits, labels, upstream)
     want_loss, want_d = _numpy_cross_entropy(logits, labels, upstream, mean)
     np.testing.assert_allclose(loss, want_loss, rtol=rtol, atol=rtol)
@@ -173,7 +180,9 @@ def test_update_kernel_of_three_lanes_in_place_and_not():
     )
     attrs = {"program": program, "stores": (6, 8), "lanes": 3, "width": 3}
     rng = np.random.default_rng(2)
-    arrays = [rng.normal(size=s).astype(np.float32) for s in [(5, 7)] * 3 + [(1,)] * 3 + [(300,)] * 3] + [np.array(0.1, np.float32)]
+    arrays = [rng.normal(size=s).astype(np.float32) for s in [(5, 7)] * 3 + [(1,)] * 3 + [(300,)] * 3] + [
+        np.array(0.1, np.float32)
+    ]
     expected = fused_train._update_kernel(np, *arrays, **attrs)
     run = UpdateKernels(FAKE_CUPY, 2)(np, arrays, attrs)
     outs = [np.empty_like(arrays[w]) for w in fused_train.update_writes(attrs, len(arrays))]
@@ -189,7 +198,9 @@ def test_update_kernel_of_three_lanes_in_place_and_not():
 
 
 def _bfloat16_bits(values) -> np.ndarray:
-    return np.array([int(np.array(codegen.rounded(v, "bfloat16"), np.float32).view(np.uint32)) >> 16 for v in values], np.uint16)
+    return np.array(
+        [int(np.array(codegen.rounded(v, "bfloat16"), np.float32).view(np.uint32)) >> 16 for v in values], np.uint16
+    )
 
 
 def _bfloat16_values(bits) -> np.ndarray:
@@ -209,10 +220,16 @@ def test_bfloat16_and_float16_updates_round_once_when_stored():
     np.testing.assert_array_equal(out, want)
     half = tuple((kind, refs, attrs, "float16") for kind, refs, attrs, _ in program)
     name, source = update_kernel_source(half, ("float16",) * 3, (4,), 1, 2)
-    w16, g16, lr16 = (rng.normal(size=999).astype(np.float16), rng.normal(size=999).astype(np.float16), np.array(0.01, np.float16))
+    w16, g16, lr16 = (
+        rng.normal(size=999).astype(np.float16),
+        rng.normal(size=999).astype(np.float16),
+        np.array(0.01, np.float16),
+    )
     out16 = np.empty_like(w16)
     HostRawKernel(source, name)((2,), (256,), (w16, g16, out16, np.int64(999), lr16))
-    np.testing.assert_array_equal(out16, (w16.astype(np.float32) - np.float32(lr16) * g16.astype(np.float32)).astype(np.float16))
+    np.testing.assert_array_equal(
+        out16, (w16.astype(np.float32) - np.float32(lr16) * g16.astype(np.float32)).astype(np.float16)
+    )
 
 
 def test_float16_elementwise_kernels_compute_in_float():
@@ -248,7 +265,9 @@ def test_training_kernels_compile_with_nvcc(tmp_path):
     for i, source in enumerate(sources):
         path = tmp_path / f"k{i}.cu"
         path.write_text(source)
-        subprocess.run(["nvcc", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")], check=True, capture_output=True)
+        subprocess.run(
+            ["nvcc", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")], check=True, capture_output=True
+        )
 
 
 # -- convolutions ---------------------------------------------------------------------------------
@@ -283,9 +302,13 @@ def test_generated_convolutions_match_the_namespace_kernels(shape, kernel, strid
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=rtol, atol=rtol * 10)
     g = rng.normal(size=want.shape).astype(dtype)
     dx = kernels.input_grad(np, (g, x, w), attrs)(g, x, w)
-    np.testing.assert_allclose(dx, REGISTRY["conv2d_input_grad"].kernel(np, g, x, w, **attrs), rtol=rtol, atol=rtol * 10)
+    np.testing.assert_allclose(
+        dx, REGISTRY["conv2d_input_grad"].kernel(np, g, x, w, **attrs), rtol=rtol, atol=rtol * 10
+    )
     dw = kernels.filter_grad(np, (x, g, w), attrs)(x, g, w)
-    np.testing.assert_allclose(dw, REGISTRY["conv2d_filter_grad"].kernel(np, x, g, w, **attrs), rtol=rtol, atol=rtol * 30)
+    np.testing.assert_allclose(
+        dw, REGISTRY["conv2d_filter_grad"].kernel(np, x, g, w, **attrs), rtol=rtol, atol=rtol * 30
+    )
     assert out.flags.c_contiguous and dx.shape == x.shape and dw.shape == w.shape and kernels.calls == 3
 
 
@@ -316,4 +339,6 @@ def test_a_cnn_trains_through_the_generated_convolutions(monkeypatch):
         np.testing.assert_allclose(on_device(gpu, [train, loss], feed)[1], cpu.run([train, loss], feed)[1], rtol=1e-5)
     for k, v in cpu.variables.items():
         assert_close(gpu.variables[k], v, rtol=1e-4, err_msg=k)
-    assert kernels.calls == 3 * (2 * 2 + 1)  # per step: im2col for both forwards and filter grads, col2im for c2's input grad
+    assert kernels.calls == 3 * (
+        2 * 2 + 1
+    )  # per step: im2col for both forwards and filter grads, col2im for c2's input grad

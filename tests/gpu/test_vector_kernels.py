@@ -84,7 +84,9 @@ def test_no_vector_source_for_other_dtypes_or_all_scalars():
     assert codegen.vector_kernel_source(BIAS_RELU, 2, scalars=(0, 1)) is None
 
 
-@pytest.mark.parametrize("n,sms,blocks", [(1, 132, 1), (1024, 132, 1), (1025, 132, 2), (1 << 28, 132, 1056), (10**6, 2, 16)])
+@pytest.mark.parametrize(
+    "n,sms,blocks", [(1, 132, 1), (1024, 132, 1), (1025, 132, 2), (1 << 28, 132, 1056), (10**6, 2, 16)]
+)
 def test_vector_grid(n, sms, blocks):
     assert codegen.vector_grid(n, sms) == blocks
 
@@ -154,7 +156,10 @@ class HostRawKernel:
         self.library.launch(ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), pointers, ctypes.c_longlong(int(n)))
 
 
-def _compile(source, _cache={}):
+_CACHE: dict = {}
+
+
+def _compile(source, _cache=_CACHE):
     if source not in _cache:
         import tempfile
 
@@ -162,7 +167,9 @@ def _compile(source, _cache={}):
         path = f"{folder}/kernel.cpp"
         with open(path, "w") as f:
             f.write(source)
-        subprocess.run(["g++", "-O1", "-shared", "-fPIC", "-o", f"{folder}/kernel.so", path], check=True, capture_output=True)
+        subprocess.run(
+            ["g++", "-O1", "-shared", "-fPIC", "-o", f"{folder}/kernel.so", path], check=True, capture_output=True
+        )
         _cache[source] = ctypes.CDLL(f"{folder}/kernel.so")
     return _cache[source]
 
@@ -183,7 +190,9 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no host C++ 
 
 def _host_kernels(program):
     Elementwise.calls, Elementwise.program, HostRawKernel.launches = [], program, []
-    fake = types.SimpleNamespace(ndarray=np.ndarray, ElementwiseKernel=Elementwise, RawKernel=HostRawKernel, empty=np.empty)
+    fake = types.SimpleNamespace(
+        ndarray=np.ndarray, ElementwiseKernel=Elementwise, RawKernel=HostRawKernel, empty=np.empty
+    )
     return FusedKernels(fake, pointer=lambda a: a.ctypes.data, multiprocessors=2)
 
 
@@ -227,9 +236,15 @@ def test_other_dtypes_never_vectorize():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
 def test_vector_sources_compile_with_nvcc(tmp_path):
-    program = ADAM_STEP + (("exp", (7,), (), "float32"), ("greater", (8, 1), (), "bool"), ("where", (9, 8, 2), (), "float32"))
+    program = ADAM_STEP + (
+        ("exp", (7,), (), "float32"),
+        ("greater", (8, 1), (), "bool"),
+        ("where", (9, 8, 2), (), "float32"),
+    )
     for scalars in ((), (0,)):
         _, source = codegen.vector_kernel_source(program, 3, scalars)
         path = tmp_path / f"k{len(scalars)}.cu"
         path.write_text(source)
-        subprocess.run(["nvcc", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")], check=True, capture_output=True)
+        subprocess.run(
+            ["nvcc", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")], check=True, capture_output=True
+        )

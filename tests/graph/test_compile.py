@@ -31,7 +31,9 @@ def test_compile_prunes_and_knows_its_feeds(model):
 
 def test_compile_names_the_missing_placeholder(model):
     g, x, w, y, unused = model
-    with pytest.raises(wb.FeedError, match=r"placeholder 'x' \(shape \(None, 3\), float32\) must be fed to compute 'sum'"):
+    with pytest.raises(
+        wb.FeedError, match=r"placeholder 'x' \(shape \(None, 3\), float32\) must be fed to compute 'sum'"
+    ):
         compile_plan(g, [y.name], [])
 
 
@@ -75,7 +77,7 @@ def test_plan_cache_is_lru_and_keys_on_graph_version_feeds_and_device(model):
     assert PlanKey.of(other, [y.name], feeds, CPU()) != key  # another graph, whatever its name
     made = []
     for k in ("a", "b", "a", "c", "b"):
-        cache.get(k, lambda: made.append(k) or k)
+        cache.get(k, lambda k=k: made.append(k) or k)
     assert made == ["a", "b", "c", "b"] and list(cache.keys()) == ["c", "b"] and cache.compiled == 4
     with g.as_default():
         wb.exp(y)  # a new version of the graph

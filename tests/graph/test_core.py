@@ -96,7 +96,7 @@ B = np.array([[2.0, 1.0, -1.0], [3.0, 0.25, 2.0]])
         (lambda a, b: 1.0 - a, 1.0 - A),
         (lambda a, b: 2.0 * a, 2.0 * A),
         (lambda a, b: 1.0 / b, 1.0 / B),
-        (lambda a, b: 2.0 ** a, 2.0**A),
+        (lambda a, b: 2.0**a, 2.0**A),
         (lambda a, b: a**2, A**2),
         (lambda a, b: 0.0 < a, 0.0 < A),
         (lambda a, b: a[1], A[1]),
@@ -215,7 +215,7 @@ def test_as_default_pops_on_error():
     before = wb.get_default_graph()
     with pytest.raises(ZeroDivisionError):
         with g.as_default():
-            1 / 0
+            _ = 1 / 0
     assert wb.get_default_graph() is before
 
 
@@ -293,7 +293,10 @@ def test_shapes_beyond_the_element_limit_are_refused_when_built():
     """Fixes: a variable of shape (10**12,) was built and then failed with a bare MemoryError."""
     g = wb.Graph()
     with g.as_default():
-        with pytest.raises(wb.ShapeError, match=r"variable 'huge': shape \(1000000000000,\) has 1,000,000,000,000 elements, more than the limit of 2,147,483,648"):
+        with pytest.raises(
+            wb.ShapeError,
+            match=r"variable 'huge': shape \(1000000000000,\) has 1,000,000,000,000 elements, more than the limit of 2,147,483,648",
+        ):
             wb.variable("huge", shape=(10**12,), init="zeros")
         with pytest.raises(wb.ShapeError, match="more than the limit"):
             wb.placeholder("big", shape=(None, 10**6, 10**6))  # too large for even one row

@@ -97,7 +97,7 @@ def test_bias_and_activation_become_one_op(graph):
 def test_fetched_inner_results_stay_visible(graph):
     x = wb.placeholder("x", shape=(3,))
     h = wb.exp(x, name="h")
-    y = wb.relu(h - 1.0, name="y")
+    wb.relu(h - 1.0, name="y")
     fused = fuse_elementwise(graph, keep=["h", "y"])
     assert fused.get("h").op.type == "exp"
     feeds = {"x": np.array([-1.0, 0.0, 2.0], np.float32)}
@@ -108,7 +108,7 @@ def test_fetched_inner_results_stay_visible(graph):
 def test_shared_results_are_not_hidden(graph):
     x = wb.placeholder("x", shape=(3,))
     h = wb.exp(x, name="h")
-    out = wb.matmul(wb.reshape(h, (1, 3)), wb.reshape(h * 2.0, (3, 1)), name="out")
+    wb.matmul(wb.reshape(h, (1, 3)), wb.reshape(h * 2.0, (3, 1)), name="out")
     fused = fuse_elementwise(graph, keep=["out"])
     validate(fused)
     assert fused.get("h").op.type == "exp"  # it has two consumers, so it stays
@@ -190,7 +190,7 @@ def test_control_dependencies_survive(graph):
     step = wb.assign_add(v, 1.0)
     with graph.control_dependencies([step]):
         h = wb.exp(x)
-    y = wb.relu(h - 1.0, name="y")
+    wb.relu(h - 1.0, name="y")
     fused = fuse_elementwise(graph, keep=["y"])
     validate(fused)
     assert [c.name for c in fused.operation("y").control_inputs] == [step.op.name]
@@ -206,7 +206,7 @@ def test_malformed_programs_are_shape_errors(graph):
 
 def test_unsupported_ops_stay_unfused(graph):
     x = wb.placeholder("x", shape=(3,))
-    y = wb.relu(wb.exp(x) + 1.0, name="y")
+    wb.relu(wb.exp(x) + 1.0, name="y")
     fused = fuse_elementwise(graph, keep=["y"], supported=lambda op: op.type != "exp")
     assert fused.get("exp").op.type == "exp"
     assert [s[0] for s in fused.operation("y").attrs["program"]] == ["constant", "add", "relu"]

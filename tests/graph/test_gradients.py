@@ -143,7 +143,9 @@ def test_cross_entropy_second_derivative_raises(graph):
     logits = wb.placeholder("logits", shape=(2, 3), dtype="float64")
     labels = wb.placeholder("labels", shape=(2,), dtype="int64")
     (g,) = wb.gradients(wb.mean(wb.softmax_cross_entropy(logits, labels)), [logits])
-    with pytest.raises(wb.GradientError, match=r"gradient of 'softmax_cross_entropy_grad' with respect to input \d is not defined"):
+    with pytest.raises(
+        wb.GradientError, match=r"gradient of 'softmax_cross_entropy_grad' with respect to input \d is not defined"
+    ):
         wb.gradients(wb.sum(g * g), [logits])
 
 

@@ -41,9 +41,7 @@ PASSES = {
     "fold_constants": lambda g, names: passes.fold_constants(g),
     "cse": lambda g, names: passes.eliminate_common_subexpressions(g),
     "optimize": lambda g, names: passes.optimize(g, names),
-    "all": lambda g, names: passes.eliminate_common_subexpressions(
-        passes.fold_constants(passes.prune(g, names))
-    ),
+    "all": lambda g, names: passes.eliminate_common_subexpressions(passes.fold_constants(passes.prune(g, names))),
 }
 
 

@@ -147,7 +147,9 @@ def test_bad_top_level_fields(doc):
 
 def test_unknown_op_type(doc):
     op_record(doc, "scale")["type"] = "tf.raw_ops.ReadFile"
-    with pytest.raises(wb.FormatError, match=r"operation \d+ of the graph file: 'scale' has unknown op type 'tf.raw_ops.ReadFile'"):
+    with pytest.raises(
+        wb.FormatError, match=r"operation \d+ of the graph file: 'scale' has unknown op type 'tf.raw_ops.ReadFile'"
+    ):
         load(doc)
 
 
@@ -179,7 +181,9 @@ def test_duplicate_name(doc):
 
 def test_attrs_that_fail_the_shape_rule(doc):
     op_record(doc, "max_pool2d")["attrs"]["size"] = [5, 5]
-    with pytest.raises(wb.FormatError, match=r"\('max_pool2d'\) of the graph file is invalid: ShapeError: .*window \(5, 5\)"):
+    with pytest.raises(
+        wb.FormatError, match=r"\('max_pool2d'\) of the graph file is invalid: ShapeError: .*window \(5, 5\)"
+    ):
         load(doc)
     op_record(doc, "max_pool2d")["attrs"]["size"] = [2, 2]
     op_record(doc, "conv2d")["attrs"]["padding"] = "diagonal"
@@ -325,7 +329,9 @@ def test_a_variable_beyond_the_element_limit_is_refused_at_load(doc):
     record = op_record(doc, "scale")
     record["attrs"]["shape"] = [10**12]
     record["outputs"][0]["shape"] = [10**12]
-    with pytest.raises(wb.FormatError, match=r"'scale'.*ShapeError: .*shape \(1000000000000,\) has .* elements, more than the limit"):
+    with pytest.raises(
+        wb.FormatError, match=r"'scale'.*ShapeError: .*shape \(1000000000000,\) has .* elements, more than the limit"
+    ):
         load(doc)
 
 

@@ -10,7 +10,8 @@ over the op's outputs, so every output element gets its own weight.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -67,7 +68,7 @@ def conv_case(rng, n, c, h, w, o, kh, kw, stride, padding):
 
 def conv_grad_cases(rng, which):
     cases = []
-    for (h, w, k, stride, padding) in [(5, 5, 3, 1, "valid"), (5, 6, 3, 2, "same"), (6, 5, 2, 2, "valid")]:
+    for h, w, k, stride, padding in [(5, 5, 3, 1, "valid"), (5, 6, 3, 2, "same"), (6, 5, 2, 2, "valid")]:
         x, f = normal(rng, 2, 2, h, w), normal(rng, 3, 2, k, k)
         g = normal(rng, 2, 3, conv_out(h, k, stride, padding), conv_out(w, k, stride, padding))
         if which == "input":
@@ -81,8 +82,15 @@ def conv_grad_cases(rng, which):
 
 def getitem_cases(rng):
     x = normal(rng, 3, 4, 5)
-    index_list = [(slice(1, None), slice(None, None, 2)), (Ellipsis, 1), (None, 0, slice(None), slice(None, None, -1)),
-                  (slice(None), None, slice(1, 3)), -1, (1, Ellipsis, None), (slice(-2, None), 2, slice(4, 0, -2))]
+    index_list = [
+        (slice(1, None), slice(None, None, 2)),
+        (Ellipsis, 1),
+        (None, 0, slice(None), slice(None, None, -1)),
+        (slice(None), None, slice(1, 3)),
+        -1,
+        (1, Ellipsis, None),
+        (slice(-2, None), 2, slice(4, 0, -2)),
+    ]
     return [Case(lambda x, i=i: x[i], (x,)) for i in index_list]
 
 
@@ -226,7 +234,9 @@ def leaves(value):
 def ln_case(r, shape, axis):
     axes = (axis,) if isinstance(axis, int) else axis
     pshape = tuple(shape[a] for a in axes)
-    return Case(lambda x, s, o: wb.layer_norm(x, s, o, axis=axis), (normal(r, *shape), normal(r, *pshape), normal(r, *pshape)))
+    return Case(
+        lambda x, s, o: wb.layer_norm(x, s, o, axis=axis), (normal(r, *shape), normal(r, *pshape), normal(r, *pshape))
+    )
 
 
 def attention_cases(r):
@@ -234,8 +244,11 @@ def attention_cases(r):
     mask = r.random((2, 1, 3, 5)) < 0.7
     mask[..., 0] = True  # every query sees a key
     sdpa = wb.scaled_dot_product_attention
-    return [Case(sdpa, (q, k, v)), Case(lambda q, k, v: sdpa(q, k, v, causal=True), (q, k[:, :, :3], v[:, :, :3])),
-            Case(lambda q, k, v, m: sdpa(q, k, v, mask=m, scale=0.3), (q, k, v, mask))]
+    return [
+        Case(sdpa, (q, k, v)),
+        Case(lambda q, k, v: sdpa(q, k, v, causal=True), (q, k[:, :, :3], v[:, :, :3])),
+        Case(lambda q, k, v, m: sdpa(q, k, v, mask=m, scale=0.3), (q, k, v, mask)),
+    ]
 
 
 def avg_pool_grad_cases(r):
@@ -296,7 +309,9 @@ GRADIENT_CASES.update({
 
 ZERO_BY_DEFINITION = {"stop_gradient"}  # the gradient is zero whatever finite differences say
 
-CASES = [(name, i, case) for name, make in GRADIENT_CASES.items() for i, case in enumerate(make(np.random.default_rng(0)))]
+CASES = [
+    (name, i, case) for name, make in GRADIENT_CASES.items() for i, case in enumerate(make(np.random.default_rng(0)))
+]
 
 
 def _id(name, i):
@@ -467,7 +482,10 @@ def test_second_order_gradient_matches_finite_differences(name, i, case):
     "fn, helper",
     [
         (lambda x: wb.max_pool2d(x, 2), "max_pool2d_grad"),
-        (lambda x: wb.softmax_cross_entropy(wb.reshape(x, (2, 8)), wb.constant(indices(1, 2))), "softmax_cross_entropy_grad"),
+        (
+            lambda x: wb.softmax_cross_entropy(wb.reshape(x, (2, 8)), wb.constant(indices(1, 2))),
+            "softmax_cross_entropy_grad",
+        ),
     ],
 )
 def test_second_order_of_an_op_without_one_names_the_helper(fn, helper):

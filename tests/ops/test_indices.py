@@ -27,11 +27,23 @@ FEEDS = {"logits": np.zeros((3, 4), np.float32), "params": np.arange(10.0).resha
 @pytest.mark.parametrize(
     "fetch, feed, message",
     [
-        ("loss", {"labels": [0, -1, 2]}, r"softmax_cross_entropy 'softmax_cross_entropy' failed: IndexError: label -1 at position 1 is out of range \[0, 4\)\n.*loss = wb.softmax_cross_entropy"),
+        (
+            "loss",
+            {"labels": [0, -1, 2]},
+            r"softmax_cross_entropy 'softmax_cross_entropy' failed: IndexError: label -1 at position 1 is out of range \[0, 4\)\n.*loss = wb.softmax_cross_entropy",
+        ),
         ("loss", {"labels": [4, 9, 0]}, r"label 4 at position 0 is out of range \[0, 4\) \(and 1 more\)"),
-        ("picked", {"index": [0, -2]}, r"gather 'gather' failed: IndexError: index -2 at position 1 is out of range \[0, 5\)\n.*the gather line"),
+        (
+            "picked",
+            {"index": [0, -2]},
+            r"gather 'gather' failed: IndexError: index -2 at position 1 is out of range \[0, 5\)\n.*the gather line",
+        ),
         ("picked", {"index": [5]}, r"index 5 at position 0 is out of range \[0, 5\)"),
-        ("hot", {"labels": [1, -1, 0]}, r"one_hot 'one_hot' failed: IndexError: index -1 at position 1 is out of range \[0, 4\)\n.*the one_hot line"),
+        (
+            "hot",
+            {"labels": [1, -1, 0]},
+            r"one_hot 'one_hot' failed: IndexError: index -1 at position 1 is out of range \[0, 4\)\n.*the one_hot line",
+        ),
         ("hot", {"labels": [1, 2, 4]}, r"index 4 at position 2 is out of range \[0, 4\)"),
     ],
 )

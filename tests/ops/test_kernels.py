@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import array_api_strict as xps
 import numpy as np
@@ -152,21 +153,40 @@ def getitem_grad_reference(g, x, index):
 
 def getitem_cases():
     x = normal(3, 4, 5)
-    index_list = [(slice(1, None), slice(None, None, 2)), (Ellipsis, 1), (None, 0, slice(None), slice(None, None, -1)),
-                  (slice(None), None, slice(1, 3)), -1, (1, Ellipsis, None), (slice(-2, None), 2, slice(4, 0, -2))]
+    index_list = [
+        (slice(1, None), slice(None, None, 2)),
+        (Ellipsis, 1),
+        (None, 0, slice(None), slice(None, None, -1)),
+        (slice(None), None, slice(1, 3)),
+        -1,
+        (1, Ellipsis, None),
+        (slice(-2, None), 2, slice(4, 0, -2)),
+    ]
     get = [K([x], lambda x, i=i: x[i], index=encode_index(i)) for i in index_list]
-    put = [K([normal(*x[i].shape), x], lambda g, x, i=i: getitem_grad_reference(g, x, i), index=encode_index(i))
-           for i in index_list]
+    put = [
+        K([normal(*x[i].shape), x], lambda g, x, i=i: getitem_grad_reference(g, x, i), index=encode_index(i))
+        for i in index_list
+    ]
     return get, put
 
 
 GETITEM, GETITEM_GRAD = getitem_cases()
 X34, Y34 = normal(3, 4), normal(3, 4)
 Y34[0] = X34[0]  # ties for the comparisons
-CONV_GEOMETRY = [((5, 5), (3, 3), (1, 1), "valid"), ((5, 7), (3, 3), (2, 2), "same"), ((6, 5), (3, 2), (2, 2), "valid"),
-                 ((4, 4), (2, 2), (1, 1), "same"), ((5, 5), (3, 2), (2, 1), "same")]
-POOL_GEOMETRY = [((2, 2), (2, 2), "valid"), ((3, 3), (2, 2), "same"), ((2, 2), (1, 1), "valid"),
-                 ((2, 2), (2, 2), "same"), ((2, 3), (1, 2), "valid")]
+CONV_GEOMETRY = [
+    ((5, 5), (3, 3), (1, 1), "valid"),
+    ((5, 7), (3, 3), (2, 2), "same"),
+    ((6, 5), (3, 2), (2, 2), "valid"),
+    ((4, 4), (2, 2), (1, 1), "same"),
+    ((5, 5), (3, 2), (2, 1), "same"),
+]
+POOL_GEOMETRY = [
+    ((2, 2), (2, 2), "valid"),
+    ((3, 3), (2, 2), "same"),
+    ((2, 2), (1, 1), "valid"),
+    ((2, 2), (2, 2), "same"),
+    ((2, 3), (1, 2), "valid"),
+]
 
 
 def conv_cases(kind):
@@ -177,9 +197,13 @@ def conv_cases(kind):
         if kind == "conv2d":
             cases.append(K([x, f], lambda x, f, s=s, p=p: naive_conv(x, f, s, p), stride=s, padding=p))
         elif kind == "input":
-            cases.append(K([g, x, f], lambda g, x, f, s=s, p=p: naive_conv_input_grad(g, x, f, s, p), stride=s, padding=p))
+            cases.append(
+                K([g, x, f], lambda g, x, f, s=s, p=p: naive_conv_input_grad(g, x, f, s, p), stride=s, padding=p)
+            )
         else:
-            cases.append(K([x, g, f], lambda x, g, f, s=s, p=p: naive_conv_filter_grad(x, g, f, s, p), stride=s, padding=p))
+            cases.append(
+                K([x, g, f], lambda x, g, f, s=s, p=p: naive_conv_filter_grad(x, g, f, s, p), stride=s, padding=p)
+            )
     return cases
 
 
@@ -190,7 +214,9 @@ def pool_cases(grad):
         x[0, 0, :2, :2] = 1.5  # a tie inside a window: the first maximum wins
         if grad:
             g = normal(2, 2, pads(5, k[0], s[0], p)[2], pads(6, k[1], s[1], p)[2])
-            cases.append(K([g, x], lambda g, x, k=k, s=s, p=p: naive_pool_grad(g, x, k, s, p), size=k, stride=s, padding=p))
+            cases.append(
+                K([g, x], lambda g, x, k=k, s=s, p=p: naive_pool_grad(g, x, k, s, p), size=k, stride=s, padding=p)
+            )
         else:
             cases.append(K([x], lambda x, k=k, s=s, p=p: naive_pool(x, k, s, p), size=k, stride=s, padding=p))
     return cases
@@ -224,8 +250,10 @@ FUSED_PROGRAM = (  # (x * y + exp(x)) * 2, the steps numbered after the two inpu
 
 
 def reduce_cases(fn, values):
-    return [K([values], lambda x, a=a, k=k: fn(x, axis=a, keepdims=k), axis=a, keepdims=k)
-            for a, k in [(None, False), (1, False), ((0, 2), False), (-1, True), (None, True)]]
+    return [
+        K([values], lambda x, a=a, k=k: fn(x, axis=a, keepdims=k), axis=a, keepdims=k)
+        for a, k in [(None, False), (1, False), ((0, 2), False), (-1, True), (None, True)]
+    ]
 
 
 # -- the table: every op with a kernel ------------------------------------------------
@@ -447,7 +475,13 @@ def naive_cumsum(x, axis, exclusive, reverse):
 
 def naive_top_k(x, k):
     flat = x.reshape(-1, x.shape[-1])
-    idx = np.array([sorted(range(len(row)), key=lambda i, row=row: (-int(row[i]) if row.dtype.kind == 'u' else -row[i], i))[:k] for row in flat], dtype=np.int64)
+    idx = np.array(
+        [
+            sorted(range(len(row)), key=lambda i, row=row: (-int(row[i]) if row.dtype.kind == "u" else -row[i], i))[:k]
+            for row in flat
+        ],
+        dtype=np.int64,
+    )
     return np.take_along_axis(flat, idx, axis=-1).reshape(x.shape[:-1] + (k,)), idx.reshape(x.shape[:-1] + (k,))
 
 
@@ -514,7 +548,9 @@ def avg_pool_cases(grad):
         x = normal(2, 2, 5, 6)
         if grad:
             g = normal(2, 2, pads(5, k[0], st[0], p)[2], pads(6, k[1], st[1], p)[2])
-            cases.append(K([g, x], lambda g, x, k=k, s=st, p=p: naive_avg_pool_grad(g, x, k, s, p), size=k, stride=st, padding=p))
+            cases.append(
+                K([g, x], lambda g, x, k=k, s=st, p=p: naive_avg_pool_grad(g, x, k, s, p), size=k, stride=st, padding=p)
+            )
         else:
             cases.append(K([x], lambda x, k=k, s=st, p=p: naive_avg_pool(x, k, s, p), size=k, stride=st, padding=p))
     return cases
@@ -524,8 +560,11 @@ def attention_kernel_cases(grad):
     q, k, v = normal(2, 3, 4, 5), normal(2, 3, 6, 5), normal(2, 3, 6, 2)
     mask = RNG.random((2, 1, 4, 6)) < 0.6
     mask[..., 0] = True
-    cases = [((q, k, v), {"causal": False, "scale": None}), ((q, k[:, :, :4], v[:, :, :4]), {"causal": True, "scale": None}),
-             ((q, k, v, mask), {"causal": True, "scale": 0.25})]
+    cases = [
+        ((q, k, v), {"causal": False, "scale": None}),
+        ((q, k[:, :, :4], v[:, :, :4]), {"causal": True, "scale": None}),
+        ((q, k, v, mask), {"causal": True, "scale": 0.25}),
+    ]
     if not grad:
         return [K(ins, lambda *a, at=at: attention_reference(*a, **at), **at) for ins, at in cases]
     out = []
@@ -541,7 +580,9 @@ def control_flow_cases():
     import workbench as wb
 
     with wb.Graph().as_default():
-        xs, h0, w = (wb.placeholder(n, shape=s, dtype="float64") for n, s in (("xs", (5, 3)), ("h0", (3,)), ("w", (3,))))
+        xs, h0, w = (
+            wb.placeholder(n, shape=s, dtype="float64") for n, s in (("xs", (5, 3)), ("h0", (3,)), ("w", (3,)))
+        )
         final, _ = wb.scan(lambda h, x: (wb.tanh(h * w + x), h * x), xs, h0)
         back, _ = wb.scan(lambda c, x: (c + x, c * 2.0), xs, h0, reverse=True)
         p = wb.placeholder("p", shape=(), dtype="bool")

@@ -115,7 +115,9 @@ def where_built(build) -> str:
     return f'File "{__file__}", line {lineno}: {code}'
 
 
-@pytest.mark.parametrize("op_type, build, says, error", BAD_GRAPHS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_GRAPHS)])
+@pytest.mark.parametrize(
+    "op_type, build, says, error", BAD_GRAPHS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_GRAPHS)]
+)
 def test_bad_graph_fails_at_build_time_naming_op_shapes_and_line(graph, op_type, build, says, error):
     name = re.escape(f"{op_type} '")  # the op's type, then its name
     pattern = f"^{name}[^']+': .*{re.escape(says)}.*\n  {re.escape(where_built(build))}$"

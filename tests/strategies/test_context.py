@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from workbench import fit_arguments
 from workbench.strategies.program import UPDATE, ReplicaProgram
 
 
@@ -68,7 +69,7 @@ def test_replica_id_step_and_weight_hold_their_values():
         r.assign({rank: rank * 0.0 + value})
 
     sess = wb.Session(g, seed=0, cluster=False)
-    request = sess._fit_request(train, data(), 12, 3, None, None, False)
+    request = fit_arguments.request(sess, train, data(), 12, 3, None, None, False)
     from workbench.simulation import SimulatedReplicas
 
     engine = SimulatedReplicas(request, "record_rank", 3)

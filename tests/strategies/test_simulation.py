@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from workbench import fit_arguments
 from workbench.simulation import SimulatedReplicas
 
 
@@ -178,7 +179,7 @@ def test_replicas_stay_identical_under_allreduce_and_drift_under_local_sgd(data)
     g, train, _ = mlp()
     for strategy, steps, same in [("allreduce", 5, True), (wb.strategies.local_sgd(every=4), 5, False)]:
         sess = wb.Session(g, seed=0, cluster=False)
-        request = sess._fit_request(train, data, 64, steps, None, None, False)
+        request = fit_arguments.request(sess, train, data, 64, steps, None, None, False)
         engine = SimulatedReplicas(request, strategy, 2)
         engine.start(sess.variables, 0)
         list(engine.run(1, steps, lambda step: False))

@@ -103,7 +103,9 @@ def test_a_big_graph_lays_out_quickly():
         wb.optimizers.Adam().minimize(wb.mean(h))
     layout = graph_layout(g, ())
     assert len(layout["nodes"]) == len(g.operations) > 500
-    assert len(graph_layout(g, default_collapsed(g))["nodes"]) == 1 + 40 + 3  # x, the folded layers, mean, gradients, Adam
+    assert (
+        len(graph_layout(g, default_collapsed(g))["nodes"]) == 1 + 40 + 3
+    )  # x, the folded layers, mean, gradients, Adam
     open_layers = default_collapsed(g, fold_over=5)
     assert open_layers == ["Adam", "gradients"]
     assert len(graph_layout(g, open_layers)["nodes"]) == 1 + 40 * 5 + 3
@@ -149,7 +151,9 @@ def mlp6():
 
 
 def overlaps(a, b):
-    return a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+    return (
+        a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"]
+    )
 
 
 def holds(box, node):

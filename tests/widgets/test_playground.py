@@ -52,8 +52,13 @@ def test_clean_data_sets_follow_their_rule():
 @pytest.mark.parametrize(
     "name, expected",
     [
-        ("x1", 3.0), ("x2", -2.0), ("x1^2", 9.0), ("x2^2", 4.0), ("x1*x2", -6.0),
-        ("sin x1", np.sin(3.0)), ("sin x2", np.sin(-2.0)),
+        ("x1", 3.0),
+        ("x2", -2.0),
+        ("x1^2", 9.0),
+        ("x2^2", 4.0),
+        ("x1*x2", -6.0),
+        ("sin x1", np.sin(3.0)),
+        ("sin x2", np.sin(-2.0)),
     ],  # fmt: skip
 )
 def test_each_feature(name, expected):
@@ -445,7 +450,7 @@ def test_network_svg_draws_every_neuron_and_every_weight_by_sign_and_size():
     edges = re.findall(r'data-layer="(\d)" data-from="(\d)" data-to="(\d)" data-sign="(.)" .*? stroke="(#\w+)" '
                        r'stroke-width="([\d.]+)"', svg)  # fmt: skip
     assert len(edges) == 12 + 12 + 3
-    for layer, i, j, sign, color, width in edges:
+    for layer, i, j, sign, color, _width in edges:
         value = weights[int(layer)][int(i), int(j)]
         assert sign == ("+" if value > 0 else "-") and color == ("#0877bd" if value > 0 else "#f59322")
     widths = {(int(k), int(i), int(j)): float(w) for k, i, j, _, _, w in edges}

@@ -24,7 +24,9 @@ def finished_view() -> ScalingView:
     for row in ROWS:
         stream.emit(ScalingPoint(**row))
     predicted = predict(PROFILE, [1, 2, 8, 100])
-    stream.emit(ScalingFinished(rows=ROWS, predictions=tuple(predicted), assumptions=tuple(Assumptions().describe(PROFILE))))
+    stream.emit(
+        ScalingFinished(rows=ROWS, predictions=tuple(predicted), assumptions=tuple(Assumptions().describe(PROFILE)))
+    )
     return view
 
 
@@ -48,7 +50,9 @@ def test_without_predictions_the_state_is_as_before():
 
 def test_the_snapshot_draws_predictions_dashed_on_a_log_axis_with_the_assumptions():
     svg = scaling_svg(finished_view().state)
-    dashed = re.findall(r'<path d="([^"]+)" fill="none" stroke="(#1a7f37|#bc4c00)" stroke-width="1.5" stroke-dasharray="5 4"', svg)
+    dashed = re.findall(
+        r'<path d="([^"]+)" fill="none" stroke="(#1a7f37|#bc4c00)" stroke-width="1.5" stroke-dasharray="5 4"', svg
+    )
     assert {color for _, color in dashed} == {"#1a7f37", "#bc4c00"}  # one curve per strategy, in both charts
     assert len(dashed) == 4
     # log2 axis: 1, 2, 8, 100 at evenly growing distances: 2 is 1/log2(100) of the way from 1 to 100

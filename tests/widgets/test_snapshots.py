@@ -31,7 +31,15 @@ def texts(root: ET.Element) -> str:
 def fit_events(session=1, steps=3, **extra):
     yield {"kind": "fit_started", "session": session, "steps": steps, "batch_size": 8, "fetches": ["loss"]}
     for i in range(1, steps + 1):
-        yield {"kind": "step", "session": session, "step": i, "time": 0.1, "samples_per_s": 80.0, "loss": 2.0 / i, **extra}
+        yield {
+            "kind": "step",
+            "session": session,
+            "step": i,
+            "time": 0.1,
+            "samples_per_s": 80.0,
+            "loss": 2.0 / i,
+            **extra,
+        }
     yield {"kind": "fit_finished", "session": session, "steps": steps}
 
 
@@ -59,7 +67,9 @@ def test_graph_view_picture_shows_every_visible_node_and_run_states(mlp):
     params = sum(int(np.prod(v.shape)) for v in mlp.trainable_variables)
     assert f"graph mlp · 10 nodes · {params:,} parameters · 2 scopes folded" in texts(root)
     assert {"x", "w", "matmul", "gradients"} <= {n.get("data-id") for n in nodes}
-    view.feed([RunStarted(graph=mlp.token, ops=("x", "w", "matmul")), RunFailed(graph=mlp.token, op="matmul", error="boom")])
+    view.feed(
+        [RunStarted(graph=mlp.token, ops=("x", "w", "matmul")), RunFailed(graph=mlp.token, op="matmul", error="boom")]
+    )
     states = {n.get("data-id"): n.get("data-state") for n in bundle_svg(view).findall(".//svg:g[@data-id]", NS)}
     assert states["matmul"] == "error" and states["x"] == "done"
 
@@ -78,7 +88,7 @@ def test_training_view_picture_is_refreshed_once_when_the_fit_ends(updates):
 
 def test_graph_view_sends_a_new_picture_only_when_it_changes(mlp, updates):
     stream = EventStream(graph=mlp.token)
-    view = shown(GraphView(mlp).follow(stream))
+    shown(GraphView(mlp).follow(stream))
     ops = ["x", "w", "matmul"]
     for _ in range(50):  # the same ops run again and again: one picture
         stream.emit("run_started", ops=ops)
@@ -99,7 +109,9 @@ def test_views_never_displayed_send_no_updates(updates):
 
 def test_scaling_view_picture_has_the_table_and_both_charts():
     view = ScalingView()
-    rows = [dict(workers=n, samples_per_s=s, speedup=s / 100, efficiency=s / 100 / n) for n, s in ((1, 100.0), (2, 185.0))]
+    rows = [
+        dict(workers=n, samples_per_s=s, speedup=s / 100, efficiency=s / 100 / n) for n, s in ((1, 100.0), (2, 185.0))
+    ]
     view.feed([{"kind": "scaling_started", "workers": [1, 2]}, *({"kind": "scaling_point", **r} for r in rows),
                {"kind": "scaling_finished", "rows": rows}])  # fmt: skip
     root = bundle_svg(view)
@@ -127,3 +139,14 @@ def test_playground_picture_embeds_the_boundary_and_follows_steps(updates):
     app.step(5)
     assert len(updates) == 1 and "step 5 (epoch" in texts(ET.fromstring(updates[0][1]))
     app.close()
+
+
+def test_a_control_character_in_an_op_name_keeps_the_picture_well_formed():
+    import workbench as wb
+
+    g = wb.Graph(name="odd")
+    with g.as_default():
+        x = wb.placeholder("x\x07bell", shape=(None, 2))
+        wb.relu(x, name="r\x1bescape")
+    root = bundle_svg(GraphView(g))  # parses: no control character reached the XML
+    assert "x\\x07bell" in texts(root) or "r\\x1bescape" in texts(root)

@@ -44,7 +44,9 @@ def test_step_stats_keep_the_newest_and_every_other_step():
     stats = StepStats(max_steps=4)
     for step in range(1, 8):
         stats.add(step * 10, {"a/w/grad_norm": float(step), "a/relu/mean": -float(step), "b/mean": 1.0})
-    assert stats.steps == [10, 50, 70] and stats.nearest(44) == 50 and stats.nearest(30) == 50 and stats.nearest(29) == 10
+    assert (
+        stats.steps == [10, 50, 70] and stats.nearest(44) == 50 and stats.nearest(30) == 50 and stats.nearest(29) == 10
+    )
     assert stats.kinds() == ["grad_norm", "mean"]
     assert stats.node_values("mean", 70, collapsed={"a"}) == {"a": -7.0, "b": 1.0}
     assert stats.scale("mean") == {"stat": "mean", "lo": 1.0, "hi": 7.0, "log": False, "signed": True}

@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -278,13 +278,16 @@ class AllReduceEngine:
         )
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
-        program, state, *data = client.scatter(
-            [self.program, variables, *(self.data[n] for n in self.program.feeds)],
-            broadcast=True,
-            hash=False,
-            workers=members,
-            timeout=self.deadline.seconds,
-        )
+        try:
+            program, state, *data = client.scatter(
+                [self.program, variables, *(self.data[n] for n in self.program.feeds)],
+                broadcast=True,
+                hash=False,
+                workers=members,
+                timeout=self.deadline.seconds,
+            )
+        except KeyError as e:  # the scheduler no longer knows a member: it died since they were chosen
+            raise CollectiveError(f"worker {e.args[0] if e.args else '?'} left the cluster as the run started") from e
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = [
@@ -362,6 +365,16 @@ class AllReduceEngine:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
 
     def _recover(self, step: int, error: BaseException) -> None:
+        """Drop the generation and start a new one on the workers left; a relaunch that fails too (a
+        second worker died meanwhile) is one more restart, on the workers left then."""
+        while True:
+            try:
+                self._restart(step, error)
+                return
+            except self._transient as again:  # bounded: each attempt counts against max_restarts
+                error = again
+
+    def _restart(self, step: int, error: BaseException) -> None:
         self.restarts += 1
         if self.restarts > self.max_restarts:
             raise ClusterError(
@@ -371,9 +384,10 @@ class AllReduceEngine:
         # members that stopped answering (a stopped process: no progress, or a peer's collective
         # timed out) are left out of this fit; a dead one leaves the cluster by itself
         waited = min(self.deadline.seconds, self.timeout)
-        silent = silent_workers(self.client, self.group.addresses, silence_threshold(waited))
+        addresses = self.group.addresses if self.group is not None else ()
+        silent = silent_workers(self.client, addresses, silence_threshold(waited)) if addresses else {}
         self.left_out.update(silent)
-        if not silent:
+        if addresses and not silent:
             self._wait_for_departures()
         self.deadline.restarted()
         self._drop()

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, Awaitable, Callable
+from typing import Any
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
@@ -293,7 +294,7 @@ class Communicator:
     async def _put(self, peer: int, key: str, value) -> None:
         try:
             await asyncio.wait_for(self._send(peer, key, value), self.timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise CollectiveError(
                 f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s"
             ) from None
@@ -307,7 +308,7 @@ class Communicator:
         try:
             value = await self.mailbox.take(self.group, key, self.timeout)
             waiting.discard(peer)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise CollectiveError(
                 f"all-reduce of bucket {bucket!r} on {self.describe(self.rank)}: nothing from {self.describe(peer)} "
                 f"for {self.timeout:g} s (did it die or hang?)"

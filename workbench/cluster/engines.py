@@ -28,7 +28,7 @@ whatever fails reaches the user as a ``ClusterError`` with advice and the cause 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from workbench.cluster import failures
 from workbench.cluster.options import ClusterOptions

@@ -14,7 +14,8 @@ a worker before anything is sent.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 import dask.config
 import numpy as np

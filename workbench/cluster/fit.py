@@ -14,7 +14,8 @@ import queue
 import time
 import uuid
 from collections import deque
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 from dask.task_spec import List, TaskRef

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from workbench.cluster.health import SCHEDULER_SECONDS, scheduler_workers
 from workbench.errors import ClusterError
 
@@ -23,7 +25,7 @@ class ClusterOptions:
         Steps in flight at most.
     sync_every : int
         Steps between host copies of the variables (a lost worker costs at most that many).
-    workers : tuple of str, optional
+    workers : tuple of str, or one address, optional
         The worker addresses to use (default: all).
     backup_replicas : int
         Extra shard computations per step; the first ``replicas`` to finish are applied.
@@ -47,13 +49,25 @@ class ClusterOptions:
     reason: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "backup_replicas", int(self.backup_replicas))
-        if self.backup_replicas < 0:
-            raise ClusterError(f"backup_replicas must be 0 or more, got {self.backup_replicas}")
-        if self.step_timeout is not None and not self.step_timeout > 0:
-            raise ClusterError(f"step_timeout must be a positive number of seconds, got {self.step_timeout}")
-        if self.replicas is not None and self.replicas < 1:
-            raise ClusterError(f"replicas must be at least 1, got {self.replicas}")
+        _count("window", self.window, 1)
+        _count("sync_every", self.sync_every, 1)
+        _count("backup_replicas", self.backup_replicas, 0)
+        if self.replicas is not None:
+            _count("replicas", self.replicas, 1)
+        timeout = self.step_timeout
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise ClusterError(f"step_timeout must be a positive number of seconds, got {timeout!r}")
+        workers = self.workers
+        if isinstance(workers, str):  # one address, not its characters
+            object.__setattr__(self, "workers", (workers,))
+        elif workers is not None:
+            workers = tuple(workers)
+            odd = [w for w in workers if not isinstance(w, str)]
+            if odd or not workers:
+                raise ClusterError(f"workers must be worker addresses (strings), got {list(workers)!r}")
+            object.__setattr__(self, "workers", workers)
 
     def worker_count(self, client) -> int:
         """How many workers the fit uses."""
@@ -62,3 +76,10 @@ class ClusterOptions:
     def replicas_for(self, client) -> int:
         """The replicas asked for, or one per worker used."""
         return self.replicas or self.worker_count(client) or 1
+
+
+def _count(name: str, value, least: int) -> None:
+    """ClusterError unless ``value`` is an int of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        bound = "0 or more" if least == 0 else f"at least {least}"
+        raise ClusterError(f"{name} must be {bound} (a whole number), got {value!r}")

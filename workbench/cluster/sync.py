@@ -24,7 +24,8 @@ the sync is done.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from workbench.errors import ClusterError
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from workbench.events import ROOT, EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step, Validated
 

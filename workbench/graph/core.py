@@ -14,7 +14,8 @@ import sys
 import threading
 import uuid
 import types
-from typing import Any, Iterator, Mapping
+from typing import Any
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 

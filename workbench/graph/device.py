@@ -11,7 +11,8 @@ loop made specific by the executor it is handed.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -25,7 +25,7 @@ everything else (matmul, reductions, variable updates) is left as it is.
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 

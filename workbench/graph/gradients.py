@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from workbench import ops
 from workbench.errors import GradientError, GraphError
@@ -49,7 +49,7 @@ def gradients(ys, xs, grad_ys=None) -> list[Tensor | None]:
             out_grads = [_total(partials.get(t)) for t in op.outputs]
             if all(g is None for g in out_grads):
                 continue
-            for i, (x, g) in enumerate(zip(op.inputs, _input_grads(op, out_grads, path, wanted))):
+            for x, g in zip(op.inputs, _input_grads(op, out_grads, path, wanted)):
                 if g is not None and (x.op in path or x in wanted) and is_float(x.dtype):
                     partials.setdefault(x, []).append(_unbroadcast(op, x, g))
         return [_total(partials.get(x)) for x in xs]

@@ -10,7 +10,7 @@ compute the same thing (the removed names become aliases of the kept ones), and
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 

@@ -18,10 +18,12 @@ import functools
 import zlib
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
+from workbench.graph.buffers import _copy, _disjoint, _holds_result, _Lifetimes, _owned, _same_memory, _shared, _viewed
 from workbench.graph.rng import generator
 from workbench.graph.schedule import HandleSlot, schedule_collectives, wait
 from workbench.ops.collective import SOLO
@@ -368,7 +370,7 @@ class Plan:
         else:
             i = -1
             try:
-                for i, (fn, get, out, dead) in enumerate(self.steps):
+                for i, (fn, get, out, dead) in enumerate(self.steps):  # noqa: B007 - the handler names step i
                     result = fn(*get(slots))
                     if out.__class__ is int:
                         slots[out] = result
@@ -454,123 +456,3 @@ def _nothing(slots) -> tuple:
 def _with_slots(get: Callable) -> Callable:
     """A getter that passes the slot list first (donating and in-place steps check it)."""
     return lambda slots: (slots, *get(slots))
-
-
-class _Lifetimes:
-    """When each slot is last used, which slots a step may overwrite and which it must not."""
-
-    def __init__(self, plan: Plan, step_io: list):
-        self.step_io = step_io
-        # arrays from outside (feeds, variables, constants) or kept (fetches, variable updates)
-        self.reads = {s for s, _ in plan.reads}
-        self.fetched = {s for s in plan.fetch_slots if s is not None}
-        self.pinned = set(plan.feed_slots) | self.reads | self.fetched
-        self.pinned |= {i for i, v in enumerate(plan.template) if v is not None}
-        for op, _ins, outs in step_io:
-            if op.opdef.stateful:
-                self.pinned.update(outs)
-        self.last_use: dict[int, int] = {}
-        for i, (_op, ins, _outs) in enumerate(step_io):
-            for s in ins:
-                self.last_use[s] = i
-        self.made_at = {s: i for i, (_op, _ins, outs) in enumerate(step_io) for s in outs}
-
-    def dead_after(self, i: int) -> tuple[int, ...]:
-        """Slots to clear after step ``i``: made by the plan and not needed any more."""
-        _op, ins, outs = self.step_io[i]
-        done = {s for s in (*ins, *outs) if s not in self.pinned and self.last_use.get(s, self.made_at[s]) == i}
-        return tuple(sorted(done))
-
-    def guard(self, i: int) -> tuple[int, ...]:
-        """Slots whose arrays must survive step ``i``: pinned ones and those used later."""
-        later = {s for s, last in self.last_use.items() if last > i and self.made_at.get(s, -1) < i}
-        return tuple(sorted(self.pinned | later))
-
-    def update_guard(self, i: int) -> tuple[int, ...]:
-        """``guard(i)`` for a variable update: without the variable reads that no later step
-        and no fetch needs, so an update may overwrite the array its own read still holds."""
-        return tuple(
-            s for s in self.guard(i) if s not in self.reads or s in self.fetched or self.last_use.get(s, -1) > i
-        )
-
-    def donors(self, i: int, op: Operation, ins: list[int], outs: list[int]) -> tuple[int, ...]:
-        """Input positions of step ``i`` whose arrays its in-place kernel may overwrite."""
-        if op.opdef.inplace is None or op.opdef.stateful or op.opdef.random or len(outs) != 1:
-            return ()
-        out_dtype = op.outputs[0].dtype
-        return tuple(
-            k
-            for k, s in enumerate(ins)
-            if s not in self.pinned and self.last_use[s] == i and ins.count(s) == 1 and op.inputs[k].dtype == out_dtype
-        )
-
-
-def _owned(a) -> bool:
-    """``a`` owns its memory and may be written (a view or a read-only array may not)."""
-    return getattr(a, "base", False) is None and getattr(getattr(a, "flags", None), "writeable", True)
-
-
-def _holds_result(a, args) -> bool:
-    """``a`` has the broadcast shape of ``args``, so an elementwise result fits in it."""
-    shape, ndim = a.shape, a.ndim
-    for b in args:
-        if b is a:
-            continue
-        bs = getattr(b, "shape", ())
-        if bs == shape:
-            continue
-        if len(bs) > ndim or any(x != y and x != 1 for x, y in zip(bs[::-1], shape[::-1])):
-            return False
-    return True
-
-
-def _same_memory(v, a) -> bool:
-    """``v`` is ``a`` or a view of it (or of what ``a`` views)."""
-    root = a
-    while getattr(root, "base", None) is not None:
-        root = root.base
-    while v is not None:
-        if v is root:
-            return True
-        v = getattr(v, "base", None)
-    return False
-
-
-def _disjoint(values) -> bool:
-    """No two of ``values`` are, or view, the same array (their view roots all differ).
-
-    Checked once per run so that an in-place update need not scan every other
-    variable for views of the array it writes into.
-    """
-    roots = set()
-    count = 0
-    for v in values:
-        while getattr(v, "base", None) is not None:
-            v = v.base
-        roots.add(id(v))
-        count += 1
-    return len(roots) == count
-
-
-def _shared(a, slots: list, guard: tuple[int, ...]) -> bool:
-    """Some guarded slot holds ``a`` (an array that owns its memory) or a view of it."""
-    return _viewed(a, map(slots.__getitem__, guard))
-
-
-def _viewed(a, values, but=None) -> bool:
-    """Some value other than ``but`` is ``a`` (an array that owns its memory) or a view of it.
-
-    The inner loop of every in-place check, run a few hundred times a step: kept flat.
-    """
-    for v in values:
-        if v is but:
-            continue
-        while v is not None:
-            if v is a:
-                return True
-            v = getattr(v, "base", None)
-    return False
-
-
-def _copy(xp, v):
-    return xp.asarray(v, copy=True)

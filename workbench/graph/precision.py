@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 from workbench import ops
 from workbench.errors import DTypeError

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from workbench.errors import FormatError, WorkbenchError
+from workbench.errors import FormatError, WorkbenchError, brief
 from workbench.graph.records import Source, TrainingRecord
 from workbench.ops.registry import DTYPES, REGISTRY
 from workbench.ops.state import INITIALIZERS
@@ -93,7 +93,9 @@ def graph_from_doc(doc, graph_cls: type[Graph]) -> Graph:
         raise FormatError(f'not a graph file: expected a JSON object with "format": "{FORMAT}"')
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= VERSION:
-        raise FormatError(f"unsupported graph file version {version!r}; this workbench reads versions 1 to {VERSION}")
+        raise FormatError(
+            f"unsupported graph file version {brief(version)}; this workbench reads versions 1 to {VERSION}"
+        )
     name = doc.get("name", "graph")
     operations = doc.get("operations")
     if not isinstance(name, str) or not isinstance(operations, list):
@@ -152,7 +154,7 @@ def _training(value, graph: Graph) -> dict:
         scale = record.get("loss_scale") if ok else None  # the variable of a dynamic loss scale
         ok = ok and (scale is None or (isinstance(scale, str) and scale in graph))
         if not ok:
-            raise FormatError(f'graph file has an invalid "training" record for {update!r}')
+            raise FormatError(f'graph file has an invalid "training" record for {brief(update)}')
         out[update] = TrainingRecord(update, tuple(tuple(p) for p in pairs), loss, scale or "")
     return out
 
@@ -164,14 +166,14 @@ def _add(graph: Graph, record) -> None:
     if not isinstance(name, str) or not isinstance(kind, str):
         raise FormatError('needs a string "name" and "type"')
     if kind not in REGISTRY:
-        raise FormatError(f"{name!r} has unknown op type {kind!r}")
+        raise FormatError(f"{brief(name)} has unknown op type {brief(kind)}")
     if name in graph:
-        raise FormatError(f"the name {name!r} is used twice")
+        raise FormatError(f"the name {brief(name)} is used twice")
     inputs = [_tensor(graph, n, name) for n in _strings(record.get("inputs", []), "inputs")]
     control = [graph.operation(n) for n in _strings(record.get("control_inputs", []), "control_inputs")]
     attrs = record.get("attrs", {})
     if not isinstance(attrs, dict):
-        raise FormatError(f'{name!r} has "attrs" that are not an object')
+        raise FormatError(f'{brief(name)} has "attrs" that are not an object')
     attrs = {str(k): _decode(v) for k, v in attrs.items()}
     _check_attrs(kind, name, attrs)
     op = graph.add_op(kind, inputs, attrs, name=name, control_inputs=control, source=_source(record.get("source")))
@@ -179,13 +181,13 @@ def _add(graph: Graph, record) -> None:
     if stored is not None:
         expected = [{"shape": None if t.shape is None else list(t.shape), "dtype": t.dtype} for t in op.outputs]
         if stored != expected:
-            raise FormatError(f"{name!r} records outputs {stored}, but its inputs and attributes give {expected}")
+            raise FormatError(f"{brief(name)} records outputs {stored}, but its inputs and attributes give {expected}")
 
 
 def _check_attrs(kind: str, name: str, attrs: dict) -> None:
     """What the op functions check before a rule sees them (rules trust their callers)."""
     if "dtype" in attrs and attrs["dtype"] not in DTYPES:
-        raise FormatError(f"{name!r} has dtype {attrs['dtype']!r}, not one of {', '.join(DTYPES)}")
+        raise FormatError(f"{brief(name)} has dtype {brief(attrs['dtype'])}, not one of {', '.join(DTYPES)}")
     if kind in ("placeholder", "variable") and "shape" in attrs:
         shape = attrs["shape"]
         dims_ok = isinstance(shape, tuple) and all(
@@ -193,7 +195,7 @@ def _check_attrs(kind: str, name: str, attrs: dict) -> None:
             for d in shape
         )
         if not dims_ok and not (shape is None and kind == "placeholder"):
-            raise FormatError(f"{name!r} has shape {shape!r}, not a list of sizes")
+            raise FormatError(f"{brief(name)} has shape {brief(shape)}, not a list of sizes")
     if kind == "variable":
         init = attrs.get("init")
         if not (isinstance(init, (np.ndarray, float)) or init in INITIALIZERS) or isinstance(init, bool):
@@ -201,7 +203,7 @@ def _check_attrs(kind: str, name: str, attrs: dict) -> None:
                 f"{name!r} has initializer {init!r}; expected one of {', '.join(INITIALIZERS)}, a number or an array"
             )
         if not isinstance(attrs.get("trainable"), bool):
-            raise FormatError(f'{name!r} has "trainable" {attrs.get("trainable")!r}, not true or false')
+            raise FormatError(f'{brief(name)} has "trainable" {brief(attrs.get("trainable"))}, not true or false')
 
 
 def _strings(value, what: str) -> list[str]:
@@ -212,10 +214,10 @@ def _strings(value, what: str) -> list[str]:
 
 def _tensor(graph: Graph, name: str, user: str):
     if name.partition(":")[0] not in graph:
-        raise FormatError(f"{user!r} uses {name!r}, which is not defined before it")
+        raise FormatError(f"{brief(user)} uses {brief(name)}, which is not defined before it")
     found = graph.get(name)
     if not hasattr(found, "op"):
-        raise FormatError(f"{user!r} uses {name!r}, an operation without outputs")
+        raise FormatError(f"{brief(user)} uses {brief(name)}, an operation without outputs")
     return found
 
 
@@ -231,15 +233,15 @@ def _decode(value: Any) -> Any:
         return _decode_array(value["ndarray"])
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise FormatError(f"unexpected attribute value {value!r}")
+    raise FormatError(f"unexpected attribute value {brief(value)}")
 
 
 def _decode_array(spec: dict) -> np.ndarray:
     dtype, shape, data = spec.get("dtype"), spec.get("shape"), spec.get("data")
     if dtype not in DTYPES:
-        raise FormatError(f"array dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        raise FormatError(f"array dtype {brief(dtype)} is not one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise FormatError(f"array shape {shape!r} is not a list of non-negative ints")
+        raise FormatError(f"array shape {brief(shape)} is not a list of non-negative ints")
     count = math.prod(shape)  # Python ints: no overflow
     if count > MAX_ELEMENTS or not isinstance(data, str):
         raise FormatError('array is too large or has no base64 "data"')

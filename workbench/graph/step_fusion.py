@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.fusion import _resolve, _uses, fusable, fuse_elementwise

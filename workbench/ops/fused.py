@@ -23,7 +23,7 @@ declares no gradient.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from workbench.errors import ShapeError
 from workbench.ops.registry import REGISTRY, TensorSpec, defop

@@ -36,7 +36,7 @@ from workbench.ops.fused import (
     register_device_kernel,
     step_values,
 )
-from workbench.ops.math import _unreduce_kernel, _unreduce_spec
+from workbench.ops.reduce import _unreduce_kernel, _unreduce_spec
 from workbench.ops.nn import _sce_grad_kernel, _sce_kernel, _sce_spec
 from workbench.ops.array import check_indices
 from workbench.ops.registry import TensorSpec, defop

@@ -6,9 +6,11 @@ import numpy as np
 
 from workbench.errors import ArgumentError, DTypeError, GradientError, ShapeError
 from workbench.ops import im2col, registry, rules
+from workbench.ops.im2col import out_size as _out_size
 from workbench.ops.array import check_indices
 from workbench.ops.fused import device_kernel
-from workbench.ops.math import exp, sum, where
+from workbench.ops.math import exp, where
+from workbench.ops.reduce import sum
 from workbench.ops.registry import INTS, TensorSpec, apply, defop
 
 # -- softmax family ----------------------------------------------------------------
@@ -226,7 +228,7 @@ def _unwindow(xp, parts, shape, kernel, stride, padding):
     (pt, pb), (pl, pr) = pads
     n, c, h, w = shape
     out = xp.zeros((n, c, h + pt + pb, w + pl + pr), dtype=parts[0].dtype)
-    (kh, kw), (sh, sw) = kernel, stride
+    (_, kw), (sh, sw) = kernel, stride
     for p, part in enumerate(parts):
         i, j = divmod(p, kw)
         region = (slice(None), slice(None), slice(i, i + sh * (ho - 1) + 1, sh), slice(j, j + sw * (wo - 1) + 1, sw))

@@ -10,7 +10,8 @@ import numpy as np
 
 from workbench.errors import GradientError, ShapeError
 from workbench.ops import rules
-from workbench.ops.math import _axis_attr, identity, unreduce
+from workbench.ops.math import identity
+from workbench.ops.reduce import _axis_attr, unreduce
 from workbench.ops.registry import TensorSpec, apply, as_dtype, defop
 from workbench.ops.state import constant
 

@@ -33,7 +33,8 @@ layer through :func:`apply`, which the graph binds when it is imported.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Callable
 
 import numpy as np
 

@@ -7,7 +7,7 @@ the message; the graph layer adds the op's name and the user's source line.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from workbench.errors import DTypeError, ShapeError
 from workbench.ops.registry import TensorSpec, is_float

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pathlib
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import anywidget
 
@@ -71,7 +72,7 @@ class Snapshot:
     def _ipython_display_(self) -> None:
         from IPython.display import display
 
-        from workbench.notebook import in_kernel
+        from workbench.kernel import in_kernel
 
         if self._repr_mimebundle_ is None:  # a closed widget shows nothing (as ipywidgets does)
             return

@@ -19,7 +19,7 @@ import math
 import re
 
 from workbench.widgets.statistics import stat_fill
-from workbench.widgets.svg import BORDER, COLORS, INK, MUTED, document, duration, element, line_chart, number
+from workbench.widgets.svg import BORDER, COLORS, INK, MUTED, document, duration, element, line_chart
 
 # As the graph view's front end draws them (static/graph_view.js).
 KIND_FILL = {

@@ -12,6 +12,7 @@ from these, so a saved notebook shows them without a kernel or a browser script.
 from __future__ import annotations
 
 import html
+import re
 import math
 
 FONT = "-apple-system, BlinkMacSystemFont, 'Segoe UI', Helvetica, Arial, sans-serif"
@@ -23,11 +24,23 @@ def _attr(name: str) -> str:
     return name.rstrip("_").replace("_", "-")
 
 
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    r"""``text`` escaped for XML, its control characters (which XML 1.0 cannot hold) shown as ``\xNN``.
+
+    >>> xml_text("a<b\x07")
+    'a&lt;b\\x07'
+    """
+    return html.escape(_NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
+
+
 def element(tag: str, text: str | None = None, *children: str, **attrs) -> str:
     """One SVG element: ``text`` is escaped, ``children`` are SVG already; ``stroke_width=`` writes
     ``stroke-width``, ``class_=`` writes ``class``; attributes that are None are left out."""
-    parts = "".join(f' {_attr(k)}="{html.escape(str(v))}"' for k, v in attrs.items() if v is not None)
-    inner = (html.escape(text) if text is not None else "") + "".join(children)
+    parts = "".join(f' {_attr(k)}="{xml_text(str(v))}"' for k, v in attrs.items() if v is not None)
+    inner = (xml_text(text) if text is not None else "") + "".join(children)
     return f"<{tag}{parts}>{inner}</{tag}>" if inner else f"<{tag}{parts}/>"
 
 
@@ -37,7 +50,7 @@ def document(width: float, height: float, body: list[str], label: str) -> str:
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="{html.escape(FONT)}" font-size="12" '
-        f'class="wb-snapshot" role="img" aria-label="{html.escape(label)}">'
+        f'class="wb-snapshot" role="img" aria-label="{xml_text(label)}">'
         + element("title", label)
         + element("rect", width=width, height=height, fill="#ffffff")
         + "".join(body)

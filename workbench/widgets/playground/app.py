@@ -236,7 +236,7 @@ class Playground(Snapshot, widgets.VBox):
         layers = pair("a hidden layer", self.remove_layer, self.add_layer, "auto")
         label = widgets.HTML(f"<b>{len(hidden)} hidden layer{'s' if len(hidden) != 1 else ''}</b>")
         neurons = [widgets.Box(layout={"width": f"{COLUMN_W + 40}px"})]  # over the features column
-        for k, units in enumerate(hidden):
+        for k in range(len(hidden)):
             box = pair(
                 f"a neuron of layer {k + 1}",
                 lambda k=k: self.remove_neuron(k),

@@ -1,0 +1,216 @@
+"""Reductions (sum, mean, max, argmax, all) and the broadcasting helpers gradients use
+(unreduce, reduce_to_like, broadcast_like).
+
+Each op: its public function, then its registry entry (shape rule, kernel,
+gradient) on adjacent lines, as in :mod:`workbench.ops.math`.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+from workbench.errors import DTypeError, ShapeError
+from workbench.ops import rules
+from workbench.ops.math import _BOOLEAN, cast, equal
+from workbench.ops.registry import TensorSpec, apply, defop
+
+# -- reductions -----------------------------------------------------------------
+
+
+def sum(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
+    """Sum over ``axis`` (an int, a tuple, or ``None`` for all axes)."""
+    return apply("sum", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def mean(x, axis=None, keepdims=False, name=None):
+    """Mean over ``axis`` (an int, a tuple, or ``None`` for all axes)."""
+    return apply("mean", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def max(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
+    """Maximum over ``axis``; the gradient is shared equally between tied maxima."""
+    return apply("max", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def _axis_attr(axis):
+    if axis is None or isinstance(axis, int):
+        return axis
+    return tuple(int(a) for a in axis)
+
+
+def _reduce_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    return TensorSpec(rules.reduced_shape(x.shape, axis, keepdims), x.dtype)
+
+
+def _sum_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    if x.dtype == "bool":
+        raise DTypeError("cannot sum a bool tensor; cast it to a number first")
+    return _reduce_spec(x, axis=axis, keepdims=keepdims)
+
+
+def _mean_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    rules.need_float(x)
+    return _reduce_spec(x, axis=axis, keepdims=keepdims)
+
+
+def _max_grad(op, g):
+    x, y = op.inputs[0], op.outputs[0]
+    axis, keepdims = op.attrs["axis"], op.attrs["keepdims"]
+    is_max = cast(equal(x, unreduce(y, x, axis=axis, keepdims=keepdims)), x.dtype)
+    ties = unreduce(sum(is_max, axis=axis, keepdims=keepdims), x, axis=axis, keepdims=keepdims)
+    return (is_max * unreduce(g, x, axis=axis, keepdims=keepdims) / ties,)
+
+
+defop(
+    "sum",
+    infer=_sum_spec,  # dtype=: small ints would otherwise sum to int64
+    kernel=lambda xp, x, *, axis, keepdims: xp.sum(x, axis=axis, keepdims=keepdims, dtype=x.dtype),
+    grad=lambda op, g: (unreduce(g, op.inputs[0], **op.attrs),),
+)
+defop(
+    "mean",
+    infer=_mean_spec,
+    kernel=lambda xp, x, *, axis, keepdims: xp.mean(x, axis=axis, keepdims=keepdims),
+    grad=lambda op, g: (unreduce(g, op.inputs[0], mean=True, **op.attrs),),
+)
+defop(
+    "max",
+    infer=_reduce_spec,
+    kernel=lambda xp, x, *, axis, keepdims: xp.max(x, axis=axis, keepdims=keepdims),
+    grad=_max_grad,
+)
+
+
+def argmax(x, axis=-1, keepdims=False, name=None):
+    """Index of the largest value along ``axis`` (an int, or ``None`` for the flattened tensor), as
+    int64; the first one on ties. Not differentiable: ``gradients()`` gives ``None`` through it.
+
+    >>> import workbench as wb
+    >>> g = wb.Graph()
+    >>> with g.as_default():
+    ...     i = wb.argmax(wb.constant([[1.0, 3.0, 2.0], [5.0, 4.0, 5.0]]), axis=1)
+    >>> wb.Session(g).run(i).tolist()
+    [1, 0]
+    """
+    if axis is not None and not isinstance(axis, int):
+        raise ShapeError(f"argmax takes one axis (an int) or None, got {axis!r}")
+    return apply("argmax", x, axis=axis, keepdims=bool(keepdims), name=name)
+
+
+def _argmax_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    if x.dtype == "bool":
+        raise DTypeError("argmax needs a number tensor, got bool; cast it first")
+    if axis is None and keepdims:
+        return TensorSpec(tuple(1 for _ in x.shape), "int64")
+    return TensorSpec(rules.reduced_shape(x.shape, axis, keepdims), "int64")
+
+
+def _argmax_kernel(xp, x, *, axis, keepdims):
+    return xp.astype(xp.argmax(x, axis=axis, keepdims=keepdims), xp.int64)
+
+
+defop("argmax", infer=_argmax_spec, kernel=_argmax_kernel, nondiff="integer output (an index)")
+
+
+def all(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
+    """Whether every element of the bool tensor ``x`` is true, over ``axis``."""
+    return apply("all", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
+
+
+def _all_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
+    if x.dtype != "bool":
+        raise DTypeError(f"needs a bool tensor, got {x.dtype}; compare it first (for example with isfinite)")
+    return _reduce_spec(x, axis=axis, keepdims=keepdims)
+
+
+defop(
+    "all",
+    infer=_all_spec,
+    nondiff=_BOOLEAN,
+    kernel=lambda xp, x, *, axis, keepdims: xp.all(x, axis=axis, keepdims=keepdims),
+)
+
+# -- broadcasting helpers used by gradients ----------------------------------------------
+
+
+def unreduce(g, x, axis=None, keepdims=False, mean=False, name=None):
+    """Broadcast ``g``, the result of reducing ``x`` over ``axis``, back to ``x``'s shape.
+
+    With ``mean=True`` it also divides by the number of reduced elements: the
+    gradient of :func:`mean`. It is the adjoint of ``sum`` (or ``mean``).
+    """
+    return apply("unreduce", g, x, axis=_axis_attr(axis), keepdims=bool(keepdims), mean=bool(mean), name=name)
+
+
+def _unreduce_spec(g: TensorSpec, x: TensorSpec, *, axis, keepdims, mean) -> TensorSpec:
+    expected = rules.reduced_shape(x.shape, axis, keepdims)
+    if len(g.shape) != len(expected) or not builtins.all(map(rules.dims_match, g.shape, expected)):
+        raise ShapeError(f"{rules.fmt(g.shape)} is not {rules.fmt(x.shape)} reduced over axis {axis}")
+    return TensorSpec(x.shape, g.dtype)
+
+
+def _unreduce_kernel(xp, g, x, *, axis, keepdims, mean):
+    axes = rules.axes_tuple(axis, x.ndim)
+    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    if mean:  # divide the reduced values, before they are broadcast
+        count = 1
+        for a in axes:
+            count *= x.shape[a]
+        g = g / count
+    return xp.broadcast_to(xp.reshape(g, tuple(kept)), x.shape)
+
+
+def _unreduce_grad(op, gg):
+    reduce = mean if op.attrs["mean"] else sum
+    return reduce(gg, axis=op.attrs["axis"], keepdims=op.attrs["keepdims"]), None
+
+
+defop("unreduce", infer=_unreduce_spec, kernel=_unreduce_kernel, grad=_unreduce_grad)
+
+
+def reduce_to_like(g, x, name=None):
+    """Sum ``g`` down to ``x``'s shape: undoes NumPy broadcasting of ``x`` (a no-op when shapes agree)."""
+    return apply("reduce_to_like", g, x, name=name)
+
+
+def broadcast_like(a, b, name=None):
+    """``a`` broadcast to ``b``'s shape."""
+    return apply("broadcast_like", a, b, name=name)
+
+
+def _reduce_to_like_spec(g: TensorSpec, x: TensorSpec) -> TensorSpec:
+    rules.broadcast(g.shape, x.shape)  # raises unless x broadcasts to g
+    return TensorSpec(x.shape, g.dtype)
+
+
+def _reduce_to_like_kernel(xp, g, x):
+    if g.shape == x.shape:
+        return g
+    lead = g.ndim - x.ndim
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(x.shape) if d == 1 and g.shape[lead + i] != 1)
+    if x.ndim and builtins.all(
+        a < lead for a in axes
+    ):  # already x's shape, and not a view: later steps may write into it
+        return xp.sum(g, axis=axes)
+    return xp.reshape(xp.sum(g, axis=axes, keepdims=True), x.shape)
+
+
+def _broadcast_like_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:
+    shape = rules.broadcast(a.shape, b.shape)
+    if len(shape) != len(b.shape):
+        raise ShapeError(f"{rules.fmt(a.shape)} has more axes than {rules.fmt(b.shape)}")
+    return TensorSpec(b.shape, a.dtype)
+
+
+defop(
+    "reduce_to_like",
+    infer=_reduce_to_like_spec,
+    kernel=_reduce_to_like_kernel,
+    grad=lambda op, gg: (broadcast_like(gg, op.inputs[0]), None),
+)
+defop(
+    "broadcast_like",
+    infer=_broadcast_like_spec,
+    kernel=lambda xp, a, b: xp.broadcast_to(a, b.shape),
+    grad=lambda op, gg: (reduce_to_like(gg, op.inputs[0]), None),
+)
