@@ -16,10 +16,23 @@ ROOT = pathlib.Path(workbench.__file__).parent
 LAYERS = [
     ("base", ["workbench.errors", "workbench.events", "workbench.training", "workbench.datasets", "workbench.version"]),
     ("ops", ["workbench.ops"]),
-    ("graph", ["workbench.graph", "workbench.loss_scale", "workbench.optimizers", "workbench.metrics", "workbench.layers", "workbench.models"]),
+    (
+        "graph",
+        [
+            "workbench.graph",
+            "workbench.loss_scale",
+            "workbench.optimizers",
+            "workbench.metrics",
+            "workbench.layers",
+            "workbench.models",
+        ],
+    ),
     ("checkpoints", ["workbench.checkpoint", "workbench.modelfile"]),
     ("strategies", ["workbench.strategies"]),
-    ("devices and the training loop", ["workbench.gpu", "workbench.devices", "workbench.fitloop", "workbench.simulation"]),
+    (
+        "devices and the training loop",
+        ["workbench.gpu", "workbench.devices", "workbench.fitloop", "workbench.simulation"],
+    ),
     ("cluster", ["workbench.cluster"]),
     ("session", ["workbench.session", "workbench.fit_arguments", "workbench.validation", "workbench.model"]),
     ("studies", ["workbench.scaling"]),

@@ -125,9 +125,15 @@ def test_flow_cells_leave_python_builtins_alone(ip):
 @pytest.mark.parametrize(
     "code, says",
     [
-        ("s = sum(c, axis=1)", r"sum\(\.\.\.\) here is Python's sum: for a reduction write reduce_sum\(c, axis=1\) or wb\.sum"),
+        (
+            "s = sum(c, axis=1)",
+            r"sum\(\.\.\.\) here is Python's sum: for a reduction write reduce_sum\(c, axis=1\) or wb\.sum",
+        ),
         ("s = max(c)", r"max\(\.\.\.\) here is Python's max: for a reduction write reduce_max\(c\) or wb\.max\(c\)"),
-        ("s = all(c > 0.0, axis=0)", r"all\(\.\.\.\) here is Python's all: for a reduction write reduce_all\(c > 0\.0, axis=0\) or wb\.all"),
+        (
+            "s = all(c > 0.0, axis=0)",
+            r"all\(\.\.\.\) here is Python's all: for a reduction write reduce_all\(c > 0\.0, axis=0\) or wb\.all",
+        ),
     ],
 )
 def test_old_reduction_names_in_a_flow_cell_say_what_to_write(ip, code, says):

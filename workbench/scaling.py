@@ -138,7 +138,9 @@ def scaling_study(
         ids = {"session": new_token("study"), "graph": graph.token}
         ROOT.emit(ScalingStarted(**ids, workers=tuple(counts), batch_size=batch_size, steps=steps))
         measured, model_bytes = {}, 0
-        marked = current_study.set(ids["session"])  # its fits say whose they are: a notebook shows the study's view only
+        marked = current_study.set(
+            ids["session"]
+        )  # its fits say whose they are: a notebook shows the study's view only
         for k in counts:
             sess = Session(graph, seed=seed, cluster=client)
             total = warmup + steps

@@ -629,7 +629,9 @@ def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
         # Fold all folds everything, the statistics the fit added included; unfold one level opens the
         # outermost scopes only (the statistics' own scopes stay folded).
         graph.locator("button", has_text="fold all").click()
-        page.wait_for_function("() => !document.querySelector('.wb-graph g.wb-node[data-id=\"layer1/w\"]')", timeout=15_000)
+        page.wait_for_function(
+            "() => !document.querySelector('.wb-graph g.wb-node[data-id=\"layer1/w\"]')", timeout=15_000
+        )
         ids = graph.locator("g.wb-node").evaluate_all("(nodes) => nodes.map((n) => n.dataset.id)")
         assert "stats" in ids and all("/" not in i for i in ids), ids  # only top-level nodes: every scope folded
         assert "scopes folded" in graph.locator(".wb-title").first.inner_text()
@@ -640,7 +642,12 @@ def test_validation_curve_and_live_statistics_with_the_scrubber(lab, tmp_path):
         assert not any(i.count("/") > 1 and i.startswith("stats/") for i in ids), ids  # one level only
 
 
-CLOSE_NOTEBOOK = ["%load_ext workbench", "%flow_cluster local -n 1", "import time; time.sleep(1)", "%flow_cluster close"]
+CLOSE_NOTEBOOK = [
+    "%load_ext workbench",
+    "%flow_cluster local -n 1",
+    "import time; time.sleep(1)",
+    "%flow_cluster close",
+]
 
 
 def test_cluster_view_says_closed_after_the_cluster_closes(lab, tmp_path):

@@ -470,7 +470,9 @@ SECOND_ORDER = (
 )  # fmt: skip
 SECOND_ORDER += ("erf", "rsqrt", "square", "clip", "moments", "avg_pool2d", "avg_pool2d_grad", "pad", "pad_grad",
                  "cumsum", "scatter_add", "scan", "cond")  # fmt: skip
-SECOND_CASES = [(n, i, c) for n, i, c in CASES if (n in SECOND_ORDER and not c.fresh) or (n == "concat" and not c.dynamic)]
+SECOND_CASES = [
+    (n, i, c) for n, i, c in CASES if (n in SECOND_ORDER and not c.fresh) or (n == "concat" and not c.dynamic)
+]
 
 
 @pytest.mark.parametrize("name, i, case", SECOND_CASES, ids=[_id(n, i) for n, i, _ in SECOND_CASES])

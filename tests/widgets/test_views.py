@@ -183,7 +183,9 @@ def test_the_stop_button_ends_a_real_fit_after_the_current_step_and_the_view_say
                        callback=click)  # fmt: skip
     assert len(history.records) == 4
     assert view.state["status"] == "stopped" and view.state["outcome"] == "stopped at step 4"
-    assert view.state["step"] == 4 and view.__repr__() == "training · 4 / 50 steps · stopped at step 4 · loss " + format(
+    assert view.state[
+        "step"
+    ] == 4 and view.__repr__() == "training · 4 / 50 steps · stopped at step 4 · loss " + format(
         history.records[-1]["loss"], ".3g"
     )
     assert "stopped at step 4" in view.snapshot() and not view.following

@@ -67,7 +67,7 @@ from workbench.ops.nn import (
     softmax,
     softmax_cross_entropy,
 )
-from workbench.ops.reductions import min, prod
+from workbench.ops.reduce import min, prod
 from workbench.ops.registry import REGISTRY, OpDef, TensorSpec, apply, get_op
 from workbench.ops import fused as _fused  # noqa: E402, F401 - registers fused_elementwise
 from workbench.ops import fused_train as _fused_train  # noqa: E402, F401 - registers fused_update, softmax_cross_entropy_with_grad

@@ -153,7 +153,6 @@ def conv2d(x, w, stride=1, padding="valid", name=None):
     return apply("conv2d", x, w, stride=_pair(stride), padding=_padding(padding), name=name)
 
 
-_out_size = im2col.out_size  # (pad_before, pad_after, output size) of one spatial axis
 
 
 def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:

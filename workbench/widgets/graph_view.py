@@ -124,7 +124,9 @@ class GraphView(View):
         stat = self.stat if self.stat in TITLES else ""
         step = self.step or (self.stats.steps[-1] if self.stats.steps else 0)
         self.node_stats = self.stats.node_values(stat, step, self.collapsed) if stat else {}
-        self.stat_scale = {**self.stats.scale(stat, self.collapsed), "step": step, "title": TITLES[stat]} if stat else {}
+        self.stat_scale = (
+            {**self.stats.scale(stat, self.collapsed), "step": step, "title": TITLES[stat]} if stat else {}
+        )
 
     def show_step(self, step: int) -> int:
         """Show the statistics of the recorded step nearest ``step``; returns that step."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from workbench.widgets.layout import visible_node
 
+
 def _largest(values: list[float]) -> float:
     """The value of largest magnitude (NaN and Inf first: they are what a view must show)."""
     return max(values, key=_magnitude)
