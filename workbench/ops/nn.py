@@ -153,8 +153,6 @@ def conv2d(x, w, stride=1, padding="valid", name=None):
     return apply("conv2d", x, w, stride=_pair(stride), padding=_padding(padding), name=name)
 
 
-
-
 def _conv_spec(x: TensorSpec, w: TensorSpec, *, stride, padding) -> TensorSpec:
     _check_padding(padding)
     dtype = rules.same_dtype(x, w)
