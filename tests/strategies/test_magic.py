@@ -10,7 +10,7 @@ import workbench as wb
 GRAPH = """%%flow lin
 x = placeholder("x", shape=(None, 4), dtype="float64")
 w = variable("w", shape=(4, 2), dtype="float64")
-loss = mean(sum(matmul(x, w) ** 2, axis=1))
+loss = mean(reduce_sum(matmul(x, w) ** 2, axis=1))
 train = optimizers.SGD(0.1).minimize(loss)
 """
 
