@@ -56,8 +56,19 @@ def endless_fit(sess, model, data, strategy, **options):
     return sess.fit(model["train"], data, batch_size=32, steps=100_000, sync_every=10, strategy=strategy, **options)
 
 
+@pytest.fixture
+def forwarding():
+    """The dashboard's forwarder, as a notebook with the extension loaded has it: its summaries must
+    never hold a fit whose scheduler stopped."""
+    from workbench.dashboard.forward import forward, stop
+
+    forward()
+    yield
+    stop()
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_a_stopped_scheduler_ends_the_fit_within_its_step_timeout(cli, problem, strategy):
+def test_a_stopped_scheduler_ends_the_fit_within_its_step_timeout(cli, problem, strategy, forwarding):
     processes, client = cli
     model, data = problem
     sess = wb.Session(model["graph"], seed=0, cluster=client)

@@ -106,8 +106,10 @@ def test_page_and_metrics_follow_a_fit_on_a_preloaded_cli_scheduler(preloaded, f
     assert (
         len({w for w, p in zip(timeline["worker"], timeline["phase"]) if p == "allreduce"}) == 2
     )  # a replica per worker
-    final = fetch(f"{dashboard}/metrics")
-    assert 'workbench_training_steps_total{graph="probe"} 40.0' in final
+    deadline = time.monotonic() + 10  # summaries go from the client's event loop, not waited for by the fit
+    while 'workbench_training_steps_total{graph="probe"} 40.0' not in (final := fetch(f"{dashboard}/metrics")):
+        assert time.monotonic() < deadline, final
+        time.sleep(0.1)
     assert 'workbench_training_running{graph="probe"} 0.0' in final
 
 

@@ -27,14 +27,18 @@ dashboard page and ``/metrics``. Local fits are not forwarded (no scheduler).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
-from typing import Any
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from workbench.events import ROOT, EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step, Validated
 
 TOPIC = "workbench-training"  # the scheduler event topic of the summaries
+SEND_TIMEOUT = 5.0  # seconds one summary may take to reach the scheduler before it is dropped
 
 
 def training_update(event) -> dict[str, Any] | None:
@@ -125,16 +129,18 @@ class _Fit:
 class Forwarder:
     """An event listener sending each cluster fit's summaries to its scheduler.
 
-    ``send(client, msg)`` and ``find_client(address)`` default to ``Client.log_event``
-    and the running client of this process connected to that scheduler; a failed
-    send stops forwarding that fit (monitoring never stops training).
+    ``send(client, msg)`` and ``find_client(address)`` default to :func:`post` (the
+    scheduler's ``log_event``, sent from the client's event loop without waiting) and the
+    running client of this process connected to that scheduler; a failed send stops
+    forwarding that fit. Monitoring never stops or holds training: a stopped scheduler
+    delays nothing but the summaries.
     """
 
     def __init__(
         self, interval: float = 0.25, clock: Callable[[], float] = time.monotonic, send=None, find_client=None
     ):
         self.interval, self.clock = interval, clock
-        self.send = send or (lambda client, msg: client.log_event(TOPIC, msg))
+        self.send = send or post
         self.find_client = find_client or client_for
         self.fits: dict[Any, _Fit] = {}
 
@@ -170,6 +176,27 @@ class Forwarder:
             self.send(fit.client, fit.summary(status, now))
         except Exception:  # noqa: BLE001 - a closed client or a lost scheduler: stop forwarding this fit
             self.fits.pop(fit.session, None)
+
+
+_in_order: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # client -> the lock its summaries queue on
+
+
+def post(client, msg: dict) -> None:
+    """``client.log_event(TOPIC, msg)`` without waiting for the scheduler: the summary is sent from
+    the client's event loop, after the ones posted before it, and dropped if it has not arrived
+    within ``SEND_TIMEOUT`` (a stopped or lost scheduler must not hold the fit that emits it)."""
+    if client.status != "running":
+        raise RuntimeError(f"the client is {client.status}")
+    client.loop.add_callback(_deliver, client, msg)
+
+
+async def _deliver(client, msg: dict) -> None:
+    lock = _in_order.get(client)
+    if lock is None:
+        lock = _in_order[client] = asyncio.Lock()
+    async with lock:
+        with contextlib.suppress(Exception):  # monitoring only: a summary that cannot go is dropped
+            await asyncio.wait_for(client.scheduler.log_event(topic=TOPIC, msg=msg), SEND_TIMEOUT)
 
 
 def client_for(address: str):
