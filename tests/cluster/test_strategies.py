@@ -58,6 +58,14 @@ def test_local_sgd_every_4_sends_its_bytes_on_the_cluster(kit, client):
     assert history["collectives"].tolist() == [0, 0, 0, 4] * 4  # one all_reduce per variable, every 4th step
 
 
+def test_statistics_of_a_strategy_function_on_the_cluster_are_refused(kit, client):
+    m = kit.mlp()
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    with pytest.raises(wb.ClusterError, match="fit\\(stats=...\\) on a cluster is computed by the 'allreduce' engine"):
+        sess.fit(m["train"], kit.blobs(), batch_size=32, steps=2, replicas=2, strategy=wb.strategies.local_sgd(every=2),
+                 stats=1)  # fmt: skip
+
+
 def test_checkpoints_resume_a_cluster_fit_of_diloco(kit, client, tmp_path):
     strategy = wb.strategies.diloco(every=4)
     straight, _ = fit(kit, client, strategy, steps=8, replicas=2)

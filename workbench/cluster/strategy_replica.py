@@ -56,6 +56,8 @@ class StrategyProgram:
     seed : int
     device, device_options :
         As :class:`~workbench.cluster.program.TrainingProgram`'s (CPU workers).
+    stats : tuple
+        Statistic ops computed with the steps: none (``fit(stats=...)`` is refused for strategy functions).
     """
 
     strategy: str
@@ -70,6 +72,7 @@ class StrategyProgram:
     seed: int = 0
     device: str = "cpu"
     device_options: tuple = ()
+    stats: tuple = ()
 
     def due(self, step: int) -> tuple:
         return tuple(k for k in self.periods if step % k == 0)
