@@ -38,6 +38,30 @@ def test_means_and_sums_of_per_row_values(model):
         assert loss_reduction(g, wb.mean(wb.transpose(logits))) == "mean"
 
 
+def test_rows_times_a_matrix_keep_their_rows_at_any_rank():
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", (None, 8, 4))  # (batch, tokens, features)
+        w = wb.variable("w", (4, 3))
+        stacked = wb.variable("stacked", (2, 1, 4, 3))
+        tokens = wb.matmul(x, w)  # (batch, tokens, 3): each row's tokens times the same matrix
+        assert loss_reduction(g, wb.mean(tokens)) == "mean"
+        assert loss_reduction(g, wb.sum(wb.mean(tokens, axis=(1, 2)))) == "sum"
+        assert fetch_reduction(g, tokens) == Reduction("rows", 0)
+        assert fetch_reduction(g, wb.matmul(x, stacked)) == Reduction("rows", 1)  # (2, batch, 8, 3)
+        pooled = wb.matmul(wb.transpose(w), wb.transpose(x, (0, 2, 1)))  # (3, 4) @ (batch, 4, 8)
+        assert fetch_reduction(g, pooled) == Reduction("rows", 0)
+        q = wb.reshape(tokens, (-1, 1, 8, 3))  # (batch, heads, length, depth)
+        assert fetch_reduction(g, wb.scaled_dot_product_attention(q, q, q, causal=True)) == Reduction("rows", 0)
+        assert fetch_reduction(g, wb.layer_norm(tokens)) == Reduction("rows", 0)
+        assert fetch_reduction(g, wb.cumsum(tokens, axis=1)) == Reduction("rows", 0)
+        with pytest.raises(ClusterError, match="normalizes across the rows"):
+            loss_reduction(g, wb.sum(wb.layer_norm(tokens, wb.variable("s", (1,)), wb.variable("o", (1,)), axis=0)))
+        mixed = wb.matmul(wb.transpose(x, (1, 2, 0)), wb.transpose(x, (1, 0, 2)))  # a row axis contracted
+        with pytest.raises(ClusterError, match="multiplies matrices across the rows"):
+            loss_reduction(g, wb.sum(mixed))
+
+
 @pytest.mark.parametrize(
     "build, match",
     [

@@ -45,6 +45,7 @@ import numpy as np
 
 from workbench.errors import ClusterError
 from workbench.graph.core import Graph, Operation, Tensor
+from workbench.ops import rules
 
 KINDS = ("mean", "sum", "max", "min", "rows", "same")
 
@@ -193,6 +194,17 @@ def _matmul(op: Operation, a: Reduction, b: Reduction) -> Reduction:
         r = a if a.kind == "rows" else b
         if r.axis < ra - 2:
             return Reduction("rows", r.axis)
+    out = op.outputs[0].ndim  # batch axes broadcast from the right
+    if a.kind == "rows" and b.kind == "same":  # (batch, tokens, d) @ (d, k): each row times the same matrix
+        if a.axis == row_a:
+            return Reduction("rows", out - 2)
+        if a.axis < ra - 2:
+            return Reduction("rows", a.axis + out - ra)
+    if b.kind == "rows" and a.kind == "same":
+        if b.axis == col_b:
+            return Reduction("rows", out - 1)
+        if b.axis < rb - 2:
+            return Reduction("rows", b.axis + out - rb)
     return _mixed(op, "multiplies matrices across the rows")
 
 
@@ -248,6 +260,12 @@ def _rule(op: Operation, ins: list[Reduction]) -> Reduction:
         if all(r.kind == "rows" and r.axis == 0 for r in ins):
             return Reduction("rows", 0)
         return _mixed(op, "takes logits and labels that are not both one per row")
+    if t == "layer_norm" and x.kind == "rows" and x.axis in rules.axes_tuple(op.attrs["axis"], op.inputs[0].ndim):
+        return _mixed(op, "normalizes across the rows")
+    if t == "scaled_dot_product_attention" and all(r.kind == "same" or r == Reduction("rows", 0) for r in ins):
+        return Reduction("rows", 0)  # (batch, heads, length, depth): each example attends within itself
+    if t == "cumsum" and x.kind == "rows" and op.attrs["axis"] % op.inputs[0].ndim != x.axis:
+        return Reduction("rows", x.axis)
     if t in _ROWWISE and x.kind == "rows" and x.axis == 0 and all(r.kind == "same" for r in ins[1:]):
         return Reduction("rows", 0)
     if t in _PASS:
