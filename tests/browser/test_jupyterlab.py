@@ -197,8 +197,11 @@ def test_quickstart_renders_graph_and_training_views(lab, tmp_path):
             graph.locator(
                 "g.wb-scope[data-scope='gradients'] text.wb-box-title"
             ).click()  # fold it again for the screenshot
-            page.wait_for_function(
-                "() => document.querySelector('.wb-graph').querySelectorAll('g.wb-node').length === 15", timeout=15_000
+            page.wait_for_function(  # folded again: one node for the scope, none of its members (later cells add ops)
+                "() => { const g = document.querySelector('.wb-graph');"
+                " return !g.querySelector(\"g.wb-scope[data-scope='gradients']\")"
+                " && !!g.querySelector(\"g.wb-node[data-id='gradients']\"); }",
+                timeout=15_000,
             )
             wait_for_last_cell(page)
             page.screenshot(path=str(tmp_path / "quickstart.png"))
