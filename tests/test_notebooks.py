@@ -101,7 +101,7 @@ PICTURES = {
                           ("training · 30 steps · done", "2 replicas"), ("default cluster closed",)],
     "scaling.ipynb": [("graph wide",), ("scaling study · done · 2 of 2 worker counts", "efficiency")],
     "playground.ipynb": [("features", "layer 2", "epoch", "test loss"), ("graph playground",)],
-    "strategies.ipynb": [("graph mlp",), ("graph mlp-averaged", "every_4"), ("Dask cluster tcp://", "new sessions run on"),
+    "strategies.ipynb": [("graph mlp",), ("graph mlp-averaged", "every_4"), ("Dask cluster tcp://", "· closed"),
                          ("training · 48 steps · done", "2 replicas"), ("default cluster closed",)],
     "models.ipynb": [("graph transformer", "block0"), ("training · 150 steps · done",), ("graph resnet", "block1"),
                      ("training · 40 steps · done",), ("graph rnn",), ("training · 150 steps · done",),
