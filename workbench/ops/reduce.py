@@ -53,12 +53,13 @@ def _mean_spec(x: TensorSpec, *, axis, keepdims) -> TensorSpec:
     return _reduce_spec(x, axis=axis, keepdims=keepdims)
 
 
-def _max_grad(op, g):
+def _extremum_grad(op, g):
+    """``max`` and ``min``: the gradient goes to the elements equal to the result, shared between ties."""
     x, y = op.inputs[0], op.outputs[0]
     axis, keepdims = op.attrs["axis"], op.attrs["keepdims"]
-    is_max = cast(equal(x, unreduce(y, x, axis=axis, keepdims=keepdims)), x.dtype)
-    ties = unreduce(sum(is_max, axis=axis, keepdims=keepdims), x, axis=axis, keepdims=keepdims)
-    return (is_max * unreduce(g, x, axis=axis, keepdims=keepdims) / ties,)
+    hit = cast(equal(x, unreduce(y, x, axis=axis, keepdims=keepdims)), x.dtype)
+    ties = unreduce(sum(hit, axis=axis, keepdims=keepdims), x, axis=axis, keepdims=keepdims)
+    return (hit * unreduce(g, x, axis=axis, keepdims=keepdims) / ties,)
 
 
 defop(
@@ -77,7 +78,7 @@ defop(
     "max",
     infer=_reduce_spec,
     kernel=lambda xp, x, *, axis, keepdims: xp.max(x, axis=axis, keepdims=keepdims),
-    grad=_max_grad,
+    grad=_extremum_grad,
 )
 
 
@@ -224,19 +225,11 @@ def min(x, axis=None, keepdims=False, name=None):  # noqa: A001 - the op's name
     return apply("min", x, axis=_axis_attr(axis), keepdims=bool(keepdims), name=name)
 
 
-def _min_grad(op, g):
-    x, y = op.inputs[0], op.outputs[0]
-    axis, keepdims = op.attrs["axis"], op.attrs["keepdims"]
-    is_min = cast(equal(x, unreduce(y, x, axis=axis, keepdims=keepdims)), x.dtype)
-    ties = unreduce(sum(is_min, axis=axis, keepdims=keepdims), x, axis=axis, keepdims=keepdims)
-    return (is_min * unreduce(g, x, axis=axis, keepdims=keepdims) / ties,)
-
-
 defop(
     "min",
     infer=_reduce_spec,
     kernel=lambda xp, x, *, axis, keepdims: xp.min(x, axis=axis, keepdims=keepdims),
-    grad=_min_grad,
+    grad=_extremum_grad,
 )
 
 
