@@ -57,6 +57,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     all,
     all_gather,
     all_reduce,
+    cross_replica_sum,
     argmax,
     assign,
     assign_add,

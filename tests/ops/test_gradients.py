@@ -152,6 +152,8 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
                         Case(wb.where, (r.random((3, 1)) < 0.5, normal(r, 1, 4), normal(r, 3, 4)))],
     "cast": lambda r: [cast_case(r)],
     "identity": lambda r: [Case(wb.identity, (normal(r, 3, 4),))],
+    # one replica outside a replicated fit: the identity (tests/strategies checks it across replicas)
+    "cross_replica_sum": lambda r: [Case(lambda x: wb.cross_replica_sum(wb.tanh(x)), (normal(r, 3, 4),))],
     "stop_gradient": lambda r: [Case(lambda x: wb.stop_gradient(wb.tanh(x)), (normal(r, 3, 4),))],
     "zeros_like": lambda r: [Case(lambda x: wb.zeros_like(wb.tanh(x)) + x, (normal(r, 3, 4),))],
     "ones_like": lambda r: [Case(lambda x: wb.ones_like(wb.tanh(x)) * x, (normal(r, 3, 4),))],
