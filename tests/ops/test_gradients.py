@@ -517,3 +517,18 @@ def test_dropout_gradient_is_the_upstream_gradient_times_the_mask_of_the_same_ru
         assert set(np.unique(m)) == {0.0, 1 / 0.75}
         np.testing.assert_allclose(y_value, x_value * m)
         np.testing.assert_allclose(d, weights * m)
+
+
+def test_second_order_gradient_through_dropout_uses_the_same_mask():
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(4, 5), dtype="float64")
+        y = wb.dropout(x * x, 0.5, training=True)
+        (gx,) = wb.gradients(wb.sum(y), [x])
+        (ggx,) = wb.gradients(wb.sum(gx * gx), [x])  # the gradient reaches the dropout only through its mask
+    X = np.arange(1.0, 21.0).reshape(4, 5)
+    out, first, second = wb.Session(g, seed=0).run([y, gx, ggx], {x: X})
+    mask = (out != 0) * 2.0  # kept entries scaled by 1 / (1 - rate)
+    assert 0 < np.count_nonzero(mask) < mask.size
+    np.testing.assert_allclose(first, mask * 2 * X, rtol=1e-12)
+    np.testing.assert_allclose(second, 2 * (mask * 2) ** 2 * X, rtol=1e-12)  # d/dx sum((2 m x)^2)
