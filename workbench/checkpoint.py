@@ -129,9 +129,7 @@ def read(
             legacy = int(read_member(archive, headers[MARK])) < FORMAT
             members = _variable_members(headers, legacy)
             if skip:
-                members = {
-                    n: m for n, m in members.items() if not n.startswith(skip) or (expected and n in expected)
-                }
+                members = {n: m for n, m in members.items() if not n.startswith(skip) or (expected and n in expected)}
             if expected is not None:
                 found = {name: headers[member][1:] for name, member in members.items()}
                 check_members(f"checkpoint {path!r}", found, expected, strict)
