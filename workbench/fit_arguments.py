@@ -13,7 +13,8 @@ import dataclasses
 import os
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, FeedError
+from workbench.clock import Clock
+from workbench.errors import ArgumentError, ClusterError, FeedError
 from workbench.fitloop import FitRequest, LocalSteps
 from workbench.graph.probes import probes, watch
 from workbench.training import check_data, is_dask_array
@@ -55,11 +56,18 @@ def request(
     return made
 
 
-def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, **cluster):
+def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, clock=None, **cluster):
     """The step engine of a fit and how often its loop checkpoints: the session's own steps, or the
-    cluster strategy's engine (``cluster``: window, sync_every, workers, backup_replicas, step_timeout)."""
+    cluster strategy's engine (``cluster``: window, sync_every, workers, backup_replicas, step_timeout).
+    ``clock``: the simulation's :class:`~workbench.clock.Clock` (the wall clock when None)."""
+    clock = clock or Clock()
     if session.client is None:
-        return local_engine(request, session, replicas, strategy), checkpoint_every
+        return local_engine(request, session, replicas, strategy, cluster.get("backup_replicas", 0), clock), checkpoint_every
+    if clock.virtual:
+        raise ArgumentError(
+            "fit(clock='virtual') is the one-process simulation's clock: a cluster fit runs on the wall clock "
+            "(create the session with cluster=False to simulate the replicas here)"
+        )
     from workbench.cluster.engines import make_engine
     from workbench.cluster.options import ClusterOptions
 
@@ -88,9 +96,27 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, *
     return make_engine(request, session.client, options, session.events), every
 
 
-def local_engine(request: FitRequest, session, replicas, strategy):
+def local_engine(request: FitRequest, session, replicas, strategy, backups=0, clock=None):
     """Local training, or with ``replicas`` or a strategy function the one-process simulation of
-    the replicas (:mod:`workbench.simulation`)."""
+    the replicas (:mod:`workbench.simulation`); with stragglers, backups, ``strategy="async"`` or the
+    virtual clock the lab's engines (:mod:`workbench.lab_sync`, :mod:`workbench.lab_async`)."""
+    clock = clock or Clock()
+    stragglers = getattr(request, "stragglers", None)
+    if strategy == "async":
+        from workbench.lab_async import AsyncReplicas
+
+        if backups:
+            raise ArgumentError(f"fit(strategy='async') has no backup replicas (backup_replicas={backups})")
+        return AsyncReplicas(request, replicas or 1, stragglers, clock)
+    if stragglers is not None or backups or clock.virtual:
+        if strategy not in (None, "local", "allreduce"):
+            raise ArgumentError(
+                f"stragglers, backup_replicas and clock='virtual' in the simulation run strategy 'allreduce' "
+                f"(the default) or 'async', not {strategy!r}"
+            )
+        from workbench.lab_sync import SyncReplicas
+
+        return SyncReplicas(request, replicas or 1, backups, stragglers, clock)
     if strategy in (None, "local") and replicas in (None, 1):
         return LocalSteps(session, request)
     if strategy == "parameter_server":
