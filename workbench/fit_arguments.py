@@ -13,7 +13,8 @@ import dataclasses
 import os
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, FeedError
+from workbench import stragglers as straggler_models
+from workbench.errors import ArgumentError, ClusterError, FeedError, StrategyError
 from workbench.fitloop import FitRequest, LocalSteps
 from workbench.graph.probes import probes, watch
 from workbench.training import check_data, is_dask_array
@@ -21,7 +22,7 @@ from workbench.training import check_data, is_dask_array
 
 def request(
     session, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None,
-    checkpoint_dir=None,
+    checkpoint_dir=None, stragglers=None,
 ) -> FitRequest:  # fmt: skip
     """The checked arguments of ``session.fit`` as plain values, for the loop and its engine.
 
@@ -48,6 +49,7 @@ def request(
         stats={} if stats is None else statistics(session, train),
         stats_every=stats or 0,
         feeds=fixed_feeds(session, feed_dict, arrays),
+        stragglers=stragglers,
     )
     if checkpoint_dir is not None:  # resuming here: the batches of the fit it continues
         where = os.path.abspath(checkpoint.check_path(checkpoint_dir))
@@ -88,11 +90,36 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, *
     return make_engine(request, session.client, options, session.events), every
 
 
+def stragglers_for(value, replicas, backup_replicas=0):
+    """``fit(stragglers=...)`` checked (:func:`workbench.stragglers.coerce`) against the replicas asked
+    for (``replicas + backup_replicas`` of them run; None: one per worker, checked by the engine)."""
+    total = None if replicas is None or isinstance(backup_replicas, bool) else replicas + int(backup_replicas or 0)
+    return straggler_models.coerce(value, total)
+
+
+def check_stragglers(stragglers, replicas: int, where: str):
+    """:func:`workbench.stragglers.coerce` once an engine knows how many replicas run."""
+    try:
+        return straggler_models.coerce(stragglers, replicas)
+    except ArgumentError as e:
+        raise ArgumentError(f"{e} ({where})") from None
+
+
+#: ``fit(strategy=ASYNC)``: asynchronous SGD (a parameter-server role applies each gradient as it arrives).
+ASYNC = "async"
+
+
 def local_engine(request: FitRequest, session, replicas, strategy):
     """Local training, or with ``replicas`` or a strategy function the one-process simulation of
     the replicas (:mod:`workbench.simulation`)."""
     if strategy in (None, "local") and replicas in (None, 1):
+        if request.stragglers is not None:
+            raise ArgumentError(
+                "fit(stragglers=...) delays replicas: give replicas=R (simulated in this process) or a cluster session"
+            )
         return LocalSteps(session, request)
+    if strategy == ASYNC:
+        return local_async(request, replicas)
     if strategy == "parameter_server":
         raise ClusterError(
             "strategy='parameter_server' needs a cluster: create the session with cluster='local' or an address"
@@ -100,6 +127,14 @@ def local_engine(request: FitRequest, session, replicas, strategy):
     from workbench.simulation import SimulatedReplicas
 
     return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
+
+
+def local_async(request: FitRequest, replicas):
+    """``strategy="async"`` without a cluster: the one-process simulation's asynchronous SGD."""
+    raise StrategyError(
+        f"strategy='async' with replicas={replicas} trains on a cluster session for now (cluster='local' or an "
+        "address); asynchronous SGD in the one-process simulation is not available yet"
+    )
 
 
 def runs_a_strategy_function(strategy) -> bool:
