@@ -13,6 +13,7 @@ import dataclasses
 import os
 
 from workbench import checkpoint
+from workbench import stragglers as straggler_models
 from workbench.clock import Clock
 from workbench.errors import ArgumentError, ClusterError, FeedError
 from workbench.fitloop import FitRequest, LocalSteps
@@ -22,7 +23,7 @@ from workbench.training import check_data, is_dask_array
 
 def request(
     session, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None,
-    checkpoint_dir=None,
+    checkpoint_dir=None, stragglers=None,
 ) -> FitRequest:  # fmt: skip
     """The checked arguments of ``session.fit`` as plain values, for the loop and its engine.
 
@@ -49,6 +50,7 @@ def request(
         stats={} if stats is None else statistics(session, train),
         stats_every=stats or 0,
         feeds=fixed_feeds(session, feed_dict, arrays),
+        stragglers=stragglers,
     )
     if checkpoint_dir is not None:  # resuming here: the batches of the fit it continues
         where = os.path.abspath(checkpoint.check_path(checkpoint_dir))
@@ -96,18 +98,37 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
     return make_engine(request, session.client, options, session.events), every
 
 
+def stragglers_for(value, replicas, backup_replicas=0):
+    """``fit(stragglers=...)`` checked (:func:`workbench.stragglers.coerce`) against the replicas asked
+    for (``replicas + backup_replicas`` of them run; None: one per worker, checked by the engine)."""
+    total = None if replicas is None or isinstance(backup_replicas, bool) else replicas + int(backup_replicas or 0)
+    return straggler_models.coerce(value, total)
+
+
+def check_stragglers(stragglers, replicas: int, where: str):
+    """:func:`workbench.stragglers.coerce` once an engine knows how many replicas run."""
+    try:
+        return straggler_models.coerce(stragglers, replicas)
+    except ArgumentError as e:
+        raise ArgumentError(f"{e} ({where})") from None
+
+
+#: ``fit(strategy=ASYNC)``: asynchronous SGD (a parameter-server role applies each gradient as it arrives).
+ASYNC = "async"
+
+
 def local_engine(request: FitRequest, session, replicas, strategy, backups=0, clock=None):
     """Local training, or with ``replicas`` or a strategy function the one-process simulation of
     the replicas (:mod:`workbench.simulation`); with stragglers, backups, ``strategy="async"`` or the
     virtual clock the lab's engines (:mod:`workbench.lab_sync`, :mod:`workbench.lab_async`)."""
     clock = clock or Clock()
-    stragglers = getattr(request, "stragglers", None)
-    if strategy == "async":
-        from workbench.lab_async import AsyncReplicas
-
-        if backups:
-            raise ArgumentError(f"fit(strategy='async') has no backup replicas (backup_replicas={backups})")
-        return AsyncReplicas(request, replicas or 1, stragglers, clock)
+    stragglers = request.stragglers
+    if stragglers is not None and strategy in (None, "local") and replicas in (None, 1) and not backups:
+        raise ArgumentError(
+            "fit(stragglers=...) delays replicas: give replicas=R (simulated in this process) or a cluster session"
+        )
+    if strategy == ASYNC:
+        return local_async(request, replicas, backups, clock)
     if stragglers is not None or backups or clock.virtual:
         if strategy not in (None, "local", "allreduce"):
             raise ArgumentError(
@@ -126,6 +147,16 @@ def local_engine(request: FitRequest, session, replicas, strategy, backups=0, cl
     from workbench.simulation import SimulatedReplicas
 
     return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
+
+
+def local_async(request: FitRequest, replicas, backups=0, clock=None):
+    """``strategy="async"`` without a cluster: the one-process simulation's asynchronous SGD
+    (:mod:`workbench.lab_async`)."""
+    from workbench.lab_async import AsyncReplicas
+
+    if backups:
+        raise ArgumentError(f"fit(strategy='async') has no backup replicas (backup_replicas={backups})")
+    return AsyncReplicas(request, replicas or 1, request.stragglers, clock or Clock())
 
 
 def runs_a_strategy_function(strategy) -> bool:

@@ -325,6 +325,7 @@ class Session:
         stats: int | None = None,
         step_timeout: float | None = None,
         feed_dict: dict | None = None,
+        stragglers=None,
         clock: str = "wall",
         compute_seconds: float | None = None,
     ) -> History:
@@ -379,6 +380,11 @@ class Session:
             locally and on a cluster, e.g. ``{"training": True}`` for a placeholder
             ``training`` with ``default=False``; validation runs without them (so with
             the placeholders' defaults: the graph's inference settings).
+        stragglers : wb.stragglers.Bernoulli, LogNormal or Fixed, optional
+            Delays injected into a fit with replicas: a late replica waits after computing and
+            before handing its gradient in; records then hold ``"delays"`` and ``"arrivals"``
+            per replica (and ``"dropped"`` with ``backup_replicas``). See :mod:`workbench.stragglers`.
+            ``strategy="async"`` trains asynchronous SGD (each replica's gradient applied as it arrives).
         clock : {"wall", "virtual"}
             The simulation's clock (:mod:`workbench.clock`): with ``"virtual"`` nothing sleeps, each
             replica's step takes ``compute_seconds`` (or its measured compute time when None) plus
@@ -406,7 +412,18 @@ class Session:
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
         timing = check_clock(clock, compute_seconds)
         request = fit_arguments.request(
-            self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict, checkpoint_dir
+            self,
+            train,
+            data,
+            batch_size,
+            steps,
+            epochs,
+            fetches,
+            check_numerics,
+            stats,
+            feed_dict,
+            checkpoint_dir,
+            stragglers=fit_arguments.stragglers_for(stragglers, replicas, backup_replicas),
         )
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         cluster = {"window": window, "sync_every": sync_every, "workers": workers, "backup_replicas": backup_replicas}

@@ -50,6 +50,19 @@ def _allreduce(request: FitRequest, client, options: ClusterOptions, events: Eve
     return AllReduceEngine.for_fit(request, client, options, events)
 
 
+def _async(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
+    from workbench.errors import StrategyError
+
+    raise StrategyError("strategy='async' on a cluster is not available yet")
+
+
+def async_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:
+    """Why the ``async`` strategy cannot train this fit, or None."""
+    if options.backup_replicas:
+        return f"asynchronous SGD applies every gradient, so backup_replicas={options.backup_replicas} means nothing"
+    return None
+
+
 def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:
     """Why the ``allreduce`` strategy cannot train this fit, or None."""
     if options.backup_replicas:
@@ -66,9 +79,13 @@ def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> st
 
 
 #: Strategy name to engine factory.
-STRATEGIES: dict[str, Callable[..., StepEngine]] = {"parameter_server": _parameter_server, "allreduce": _allreduce}
+STRATEGIES: dict[str, Callable[..., StepEngine]] = {
+    "parameter_server": _parameter_server,
+    "allreduce": _allreduce,
+    "async": _async,
+}
 #: Strategy name to ``limits(request, client, options) -> reason or None``: the fits it cannot train.
-LIMITS: dict[str, Callable[..., str | None]] = {"allreduce": allreduce_limits}
+LIMITS: dict[str, Callable[..., str | None]] = {"allreduce": allreduce_limits, "async": async_limits}
 #: The strategy ``fit`` uses on a cluster when none is named.
 DEFAULT_STRATEGY = "allreduce"
 #: The strategy ``fit`` falls back to when the default cannot train a fit.
