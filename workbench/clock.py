@@ -42,6 +42,10 @@ class Clock:
         return measured if self.compute_seconds is None else self.compute_seconds
 
 
+#: The default: replicas in threads, delays slept, times measured.
+WALL = Clock()
+
+
 def check(clock="wall", compute_seconds=None) -> Clock:
     """``fit``'s ``clock`` and ``compute_seconds`` checked (ArgumentError naming the bad one).
 

@@ -64,7 +64,9 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
     ``clock``: the simulation's :class:`~workbench.clock.Clock` (the wall clock when None)."""
     clock = clock or Clock()
     if session.client is None:
-        return local_engine(request, session, replicas, strategy, cluster.get("backup_replicas", 0), clock), checkpoint_every
+        return local_engine(
+            request, session, replicas, strategy, cluster.get("backup_replicas", 0), clock
+        ), checkpoint_every
     if clock.virtual:
         raise ArgumentError(
             "fit(clock='virtual') is the one-process simulation's clock: a cluster fit runs on the wall clock "

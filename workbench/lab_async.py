@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from workbench.clock import Clock
+from workbench.clock import WALL, Clock
 from workbench.errors import ArgumentError, ClusterError
 from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_boundaries
 from workbench.lab_programs import LabPrograms, shards
@@ -65,7 +65,7 @@ class AsyncReplicas:
     workers = None
     restarts = 0
 
-    def __init__(self, request: FitRequest, replicas: int, stragglers=None, clock: Clock = Clock()):
+    def __init__(self, request: FitRequest, replicas: int, stragglers=None, clock: Clock = WALL):
         self.request, self.replicas = request, int(replicas)
         if request.batch_size < self.replicas:
             raise ArgumentError(
@@ -193,7 +193,9 @@ class AsyncReplicas:
                 if delay > 0 and self._stop.wait(delay):
                     return
                 applied = threading.Event()
-                reply.update(replica=r, version=version, delay=delay, arrival=time.perf_counter() - read, applied=applied)
+                reply.update(
+                    replica=r, version=version, delay=delay, arrival=time.perf_counter() - read, applied=applied
+                )
                 handed.put(reply)
                 while not applied.wait(0.1):
                     if self._stop.is_set():

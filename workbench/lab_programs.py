@@ -85,7 +85,10 @@ class LabPrograms:
         req, device = self.request, self.request.device
         feeds = {name: device.put(a[rows]) for name, a in req.data.items()}
         values = plan.run(
-            [feeds[name] for name in plan.feed_names], check_numerics=req.check_numerics, step=step - 1, row_offset=offset
+            [feeds[name] for name in plan.feed_names],
+            check_numerics=req.check_numerics,
+            step=step - 1,
+            row_offset=offset,
         )
         host = [np.array(device.to_host(v)) for v in values]
         return host[: len(self.gradients)], host[len(self.gradients) :]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from workbench.clock import Clock
+from workbench.clock import WALL, Clock
 from workbench.errors import ArgumentError
 from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_boundaries
 from workbench.graph.batch_reduction import combine as combine_fetch
@@ -59,7 +59,7 @@ class SyncReplicas:
     workers = None
     restarts = 0
 
-    def __init__(self, request: FitRequest, replicas: int, backups: int = 0, stragglers=None, clock: Clock = Clock()):
+    def __init__(self, request: FitRequest, replicas: int, backups: int = 0, stragglers=None, clock: Clock = WALL):
         self.request, self.replicas, self.backups = request, int(replicas), int(backups)
         self.total = self.replicas + self.backups
         if request.batch_size < self.replicas:
