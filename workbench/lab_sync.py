@@ -42,13 +42,23 @@ def first_to_arrive(arrivals: list[float], needed: int) -> tuple[list[int], list
     return sorted(order[:needed]), sorted(order[needed:])
 
 
-def combine_gradients(gradients: list[list], rows: list[int], kind: str) -> list:
-    """The sum over replicas of ``weight * g`` (weights: each replica's share of ``rows``), pairwise in order."""
+def combine_gradients(gradients: list[list], rows: list[int], kind: str, backups: bool = False) -> list:
+    """The sum over replicas of ``weight * g``, pairwise in replica order: the mean over ``rows`` for a mean loss.
+
+    Without backups each weight is the replica's share of the rows (the all-reduce's ``r.weight``); with
+    them, as the cluster's backup arbiter does, each gradient is multiplied by its rows and the sum by
+    ``1 / rows used``, so the simulation and the cluster agree.
+    """
     total = sum(rows)
     combined = []
     for k in range(len(gradients[0])):
-        parts = [g[k] * np.asarray(weight(kind, n, total), dtype=g[k].dtype) for g, n in zip(gradients, rows)]
-        combined.append(pairwise_sum(parts))
+        dtype = gradients[0][k].dtype
+        if backups and kind == "mean":
+            summed = pairwise_sum([g[k] * np.asarray(float(n), dtype=dtype) for g, n in zip(gradients, rows)])
+            combined.append(np.multiply(summed, 1.0 / total, out=summed, casting="unsafe"))
+        else:
+            parts = [g[k] * np.asarray(weight(kind, n, total), dtype=dtype) for g, n in zip(gradients, rows)]
+            combined.append(pairwise_sum(parts))
     return combined
 
 
@@ -121,7 +131,8 @@ class SyncReplicas:
                 else:
                     replies, arrivals, used, dropped = self._race(step, parts, offsets, delays, started)
                 rows = [len(parts[r]) for r in used]
-                gradients = combine_gradients([replies[r]["gradients"] for r in used], rows, self.programs.kind)
+                used_gradients = [replies[r]["gradients"] for r in used]
+                gradients = combine_gradients(used_gradients, rows, self.programs.kind, self.backups > 0)
                 self.programs.apply(self.apply_plan, gradients)
                 self.step = step
                 if self.clock.virtual:
