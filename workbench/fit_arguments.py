@@ -107,14 +107,6 @@ def stragglers_for(value, replicas, backup_replicas=0):
     return straggler_models.coerce(value, total)
 
 
-def check_stragglers(stragglers, replicas: int, where: str):
-    """:func:`workbench.stragglers.coerce` once an engine knows how many replicas run."""
-    try:
-        return straggler_models.coerce(stragglers, replicas)
-    except ArgumentError as e:
-        raise ArgumentError(f"{e} ({where})") from None
-
-
 #: ``fit(strategy=ASYNC)``: asynchronous SGD (a parameter-server role applies each gradient as it arrives).
 ASYNC = "async"
 

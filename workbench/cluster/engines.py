@@ -13,8 +13,11 @@ Two come built in:
   computes its shard's gradients, all-reduces them worker to worker and updates
   its own replica of the variables (:mod:`workbench.cluster.allreduce`);
 - ``"parameter_server"``: each step is a task graph, replicas -> a fixed-order
-  reduction tree -> one update task (:mod:`workbench.cluster.fit`). What backup
-  replicas, dask-array data and GPU workers need.
+  reduction tree -> one update task (:mod:`workbench.cluster.fit`). What dask-array data,
+  GPU workers and more replicas (backups included) than workers need.
+
+Both run ``fit(backup_replicas=b)`` (the all-reduce engine through
+:mod:`workbench.cluster.backup_engine`), and ``"async"`` is asynchronous SGD.
 
 A strategy may also say which fits it cannot train (``limits``). When ``fit`` is
 not given a strategy and the default cannot train it, ``parameter_server`` does,
@@ -65,8 +68,6 @@ def async_limits(request: FitRequest, client, options: ClusterOptions) -> str | 
 
 def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:
     """Why the ``allreduce`` strategy cannot train this fit, or None."""
-    if options.backup_replicas:
-        return f"backup_replicas={options.backup_replicas} needs a reducer that drops the slowest shards"
     chunked = sorted(name for name, value in request.data.items() if is_dask_array(value))
     if chunked:
         return f"it takes NumPy data, and {chunked} are dask arrays"
@@ -75,6 +76,14 @@ def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> st
     workers = options.worker_count(client)
     if options.replicas is not None and options.replicas > workers:
         return f"it runs one replica per worker, and replicas={options.replicas} exceeds the {workers} workers"
+    backups = options.backup_replicas
+    if backups and (options.replicas or 1) + backups > workers:
+        return (
+            f"it runs one replica per worker, and replicas={options.replicas or 1} + backup_replicas={backups} "
+            f"exceeds the {workers} workers"
+        )
+    if backups and request.stats_every:
+        return f"fit(stats=...) is not reported with backup_replicas={backups}"
     return None
 
 
