@@ -140,3 +140,18 @@ def test_wall_clock_async_records_staleness():
 def test_bad_clock_arguments_are_named(kw, match):
     with pytest.raises(ArgumentError, match=match):
         _fit(steps=1, replicas=2, **kw)
+
+
+def test_a_backup_fit_resumes_from_its_checkpoint(tmp_path):
+    g, train, loss, data = _model()
+    options = {"batch_size": 48, "replicas": 2, "backup_replicas": 1, "clock": "virtual", "compute_seconds": 0.01,
+               "stragglers": wb.stragglers.Bernoulli(p=0.4, delay=0.1, seed=4)}  # fmt: skip
+    whole = wb.Session(g, seed=0)
+    whole.fit(train, data, steps=8, **options)
+    sess = wb.Session(g, seed=0)
+    sess.fit(train, data, steps=4, checkpoint_dir=tmp_path, **options)
+    resumed = sess.fit(train, data, steps=8, checkpoint_dir=tmp_path, **options)
+    assert [r["step"] for r in resumed.records] == [5, 6, 7, 8]
+    assert resumed.records[0]["delays"] == options["stragglers"].delays(5, 3)
+    for name, value in whole.variables.items():
+        np.testing.assert_array_equal(sess.variables[name], value, err_msg=name)
