@@ -16,6 +16,7 @@ from its last host copy, as without backups.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections import deque
@@ -89,6 +90,9 @@ class BackupAllReduceEngine(AllReduceEngine):
                     step, futures = self.flight[0]
                     pending.append((step, futures, self._decided(step, futures, synced(step))))
                     self.flight.popleft()
+                if len(pending) > self.window:  # reports lag the training by a window at most
+                    old, futures, results = pending[0]
+                    self._wait_for(old, futures, lambda: self._trailing_done(pending[0]))
                 while pending and (not self.flight or self._trailing_done(pending[0])):
                     step, futures, results = pending.popleft()
                     results = self._trailing(step, futures, results)
@@ -101,7 +105,7 @@ class BackupAllReduceEngine(AllReduceEngine):
                         yield self._outcome(step, results)
             except self._transient as e:
                 pending.clear()
-                self._last_decided = None
+                self._last_decided, self.lost = None, set()
                 self._recover(step, e)
                 submitted = self.host[1]
 
@@ -121,8 +125,12 @@ class BackupAllReduceEngine(AllReduceEngine):
         while not ready():
             changed.clear()
             for rank, f in enumerate(futures):
-                if f.status == "error" and self.group.addresses[rank] not in self.lost:
+                if self.group.addresses[rank] in self.lost:
+                    continue
+                if f.status == "error":
                     raise self._failed(step, f)
+                if f.status == "cancelled":
+                    raise concurrent.futures.CancelledError(f"step {step}: task {key_label(f.key)} was cancelled")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
             if not changed.wait(self.poll):
