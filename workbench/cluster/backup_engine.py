@@ -41,6 +41,10 @@ class BackupAllReduceEngine(AllReduceEngine):
         engine.applied = options.replicas  # R (None: the workers used, less the backups)
         return engine
 
+    #: Steps decided but not reported yet (waiting for a late member's arrival time) at most: a late
+    #: member that catches up by applying the updates it was left out of is this far behind at worst.
+    lag = 64
+
     # -- members ----------------------------------------------------------------------------------
     def _members(self, candidates: list[str]) -> list[str]:
         applied = self.applied or max(1, len(candidates) - self.backups)
@@ -90,7 +94,7 @@ class BackupAllReduceEngine(AllReduceEngine):
                     step, futures = self.flight[0]
                     pending.append((step, futures, self._decided(step, futures, synced(step))))
                     self.flight.popleft()
-                if len(pending) > self.window:  # reports lag the training by a window at most
+                if len(pending) > self.lag:  # reports lag the training by this many steps at most
                     old, futures, results = pending[0]
                     self._wait_for(old, futures, lambda: self._trailing_done(pending[0]))
                 while pending and (not self.flight or self._trailing_done(pending[0])):
