@@ -34,10 +34,10 @@ def test_async_applies_each_gradient_as_it_arrives_with_staleness_about_r_minus_
 def test_async_draws_its_stragglers_per_gradient_and_refuses_backups(client3, kit):
     model, data = kit.mlp(), kit.blobs(n=240)
     sess = wb.Session(model["graph"], seed=0, cluster=client3)
-    late = wb.stragglers.Fixed(replica=0, delay=0.3)
+    late = wb.stragglers.Fixed(replica=0, delay=1.0)
     history = sess.fit(model["train"], data, batch_size=24, steps=12, replicas=2, strategy="async", stragglers=late)
     counts = np.bincount([r["replica"] for r in history.records], minlength=2)
     assert counts[1] > counts[0]  # the slow replica hands in fewer gradients
-    assert all(r["delay"] == (0.3 if r["replica"] == 0 else 0.0) for r in history.records)
+    assert all(r["delay"] == (1.0 if r["replica"] == 0 else 0.0) for r in history.records)
     with pytest.raises(wb.ClusterError, match="asynchronous SGD applies every gradient"):
         sess.fit(model["train"], data, batch_size=24, steps=2, replicas=2, backup_replicas=1, strategy="async")
