@@ -358,9 +358,11 @@ class Session:
             flight, steps between host copies of the variables, the workers to use,
             extra shards per step whose slowest are dropped (Chen et al. 2016), the
             step engine: ``"allreduce"`` (the default: gradients all-reduced worker to
-            worker inside each step's tasks) or ``"parameter_server"`` (a task graph per
-            step; what ``backup_replicas``, dask-array data and GPU sessions use, chosen
-            by itself for them when no strategy is named), or a strategy function: a name
+            worker inside each step's tasks; with ``backup_replicas`` the first ``replicas``
+            gradients to arrive are applied) or ``"parameter_server"`` (a task graph per
+            step; what dask-array data and GPU sessions use, chosen by itself for them when
+            no strategy is named), ``"async"`` (asynchronous SGD: each replica's gradient
+            applied as it arrives, one record per applied gradient), or a strategy function: a name
             of ``wb.strategies.names()``, a :class:`~workbench.strategies.Strategy`
             (``wb.strategies.local_sgd(every=8)``) or a function of ``r``; without a cluster,
             ``replicas`` or a strategy trains R replicas in this process (the simulation,

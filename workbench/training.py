@@ -93,6 +93,10 @@ _NOT_METRICS = {
     "collectives",
     "restarts",
     "tasks",
+    "delays",
+    "arrivals",
+    "staleness",
+    "replica",
 }
 
 

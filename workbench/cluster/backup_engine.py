@@ -16,6 +16,7 @@ from its last host copy, as without backups.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 from collections import deque
@@ -39,6 +40,10 @@ class BackupAllReduceEngine(AllReduceEngine):
         engine.backups = options.backup_replicas
         engine.applied = options.replicas  # R (None: the workers used, less the backups)
         return engine
+
+    #: Steps decided but not reported yet (waiting for a late member's arrival time) at most: a late
+    #: member that catches up by applying the updates it was left out of is this far behind at worst.
+    lag = 64
 
     # -- members ----------------------------------------------------------------------------------
     def _members(self, candidates: list[str]) -> list[str]:
@@ -89,6 +94,9 @@ class BackupAllReduceEngine(AllReduceEngine):
                     step, futures = self.flight[0]
                     pending.append((step, futures, self._decided(step, futures, synced(step))))
                     self.flight.popleft()
+                if len(pending) > self.lag:  # reports lag the training by this many steps at most
+                    old, futures, results = pending[0]
+                    self._wait_for(old, futures, lambda: self._trailing_done(pending[0]))
                 while pending and (not self.flight or self._trailing_done(pending[0])):
                     step, futures, results = pending.popleft()
                     results = self._trailing(step, futures, results)
@@ -101,7 +109,7 @@ class BackupAllReduceEngine(AllReduceEngine):
                         yield self._outcome(step, results)
             except self._transient as e:
                 pending.clear()
-                self._last_decided = None
+                self._last_decided, self.lost = None, set()
                 self._recover(step, e)
                 submitted = self.host[1]
 
@@ -121,8 +129,12 @@ class BackupAllReduceEngine(AllReduceEngine):
         while not ready():
             changed.clear()
             for rank, f in enumerate(futures):
-                if f.status == "error" and self.group.addresses[rank] not in self.lost:
+                if self.group.addresses[rank] in self.lost:
+                    continue
+                if f.status == "error":
                     raise self._failed(step, f)
+                if f.status == "cancelled":
+                    raise concurrent.futures.CancelledError(f"step {step}: task {key_label(f.key)} was cancelled")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
             if not changed.wait(self.poll):

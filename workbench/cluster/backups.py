@@ -69,8 +69,9 @@ class BackupRank:
 
     # -- the rank's thread ----------------------------------------------------------------------
     def decided(self, step: int) -> bool:
-        """Whether ``step`` was decided already (this rank is out of it)."""
-        return self._on_loop(self._decided(step), self.timeout)
+        """Whether ``step`` was decided already (this rank is out of it): a look at the mailbox from
+        this thread (a stale answer only means computing a gradient that is then not used)."""
+        return self.comm.mailbox.has(self.comm.group, self._key(step, "decision"))
 
     def wait_decided(self, step: int, seconds: float) -> bool:
         """Sleep ``seconds``, or less if ``step`` is decided meanwhile (a straggler's wait); whether it was."""
@@ -133,10 +134,10 @@ class BackupRank:
     async def _hand_in(self, step: int, flats: list, start: float, ready: float, rows: int, out: bool):
         rank = self.comm.rank
         out = out or await self._decided(step)
-        await self._send(0, self._key(step, "header", rank), header(start, ready, rows, out))
+        sends = [self._send(0, self._key(step, "header", rank), header(start, ready, rows, out))]
         if not out:
-            for b, flat in enumerate(flats):
-                await self._send(0, self._key(step, f"g{b}", rank), flat)
+            sends += [self._send(0, self._key(step, f"g{b}", rank), flat) for b, flat in enumerate(flats)]
+        await asyncio.gather(*sends)
         try:
             decision = await self._take(self._key(step, "decision"))
             sums = [await self._take(self._key(step, f"s{b}")) for b in range(len(flats))]
@@ -192,8 +193,9 @@ class BackupRank:
         mask[[1 + r for r in used]] = 1.0
         sends = [self._send(p, self._key(step, "decision"), mask) for p in range(size)]
         sends += [self._send(p, self._key(step, f"s{b}"), sums[b]) for p in range(size) for b in range(buckets)]
-        # a rank that died meanwhile is the next step's business (it does not arrive)
-        await asyncio.gather(*sends, return_exceptions=True)
+        # sent while the next step is decided; a rank that died meanwhile is that step's business
+        for task in map(asyncio.ensure_future, sends):
+            task.add_done_callback(_discard)
 
 
 def _discard(task) -> None:

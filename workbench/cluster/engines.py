@@ -54,9 +54,9 @@ def _allreduce(request: FitRequest, client, options: ClusterOptions, events: Eve
 
 
 def _async(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
-    from workbench.errors import StrategyError
+    from workbench.cluster.asynchronous import AsyncEngine
 
-    raise StrategyError("strategy='async' on a cluster is not available yet")
+    return AsyncEngine(request, client, options, events)
 
 
 def async_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:

@@ -262,6 +262,7 @@ class Replica:
         reported = [float(np.asarray(v)) for v in values[m:]] if stats else None
         computed = time.perf_counter()
         ready_wall = self._hand_in(delay)
+        handed = time.perf_counter()  # the reduction's wait starts here, after the straggler's delay
         used = None
         if self.backup is not None:  # the first R gradients' mean, the same for every rank (this one's or not)
             self._before_waiting()
@@ -282,7 +283,7 @@ class Replica:
             "worker": self.group.addresses[self.comm.rank],
             "fetches": fetches,
             "compute_seconds": computed - started,
-            "allreduce_wait_seconds": reduced - computed,
+            "allreduce_wait_seconds": reduced - handed,
             "update_seconds": time.perf_counter() - reduced,
             "bytes_sent": self.comm.bytes_sent - sent,
             "bytes_received": self.comm.bytes_received - received,
