@@ -111,7 +111,7 @@ PICTURES = {
                                    "async (480 steps)", "k-th gradient arrival"),
                                   ("strategy comparison · virtual clock · done", "N=7, b=3"),
                                   ("Dask cluster tcp://", "· closed"),
-                                  ("strategy comparison · wall clock · done", "sync + 1 backup (15 steps)"),
+                                  ("strategy comparison · wall clock · done", "sync + 1 backup (10 steps)", "async (20 steps)"),
                                   ("default cluster closed",)],
 }  # fmt: skip
 
