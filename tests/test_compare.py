@@ -111,3 +111,13 @@ def test_bad_runs_are_named():
         _compare(runs={})
     with pytest.raises(ArgumentError, match="clock must be 'wall' or 'virtual'"):
         _compare(clock="sundial")
+
+
+def test_shown_live_the_view_follows_every_run(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda view, **kw: shown.append(view))
+    result = _compare(runs={"sync": {}, "async": {"strategy": "async"}}, steps=5, show=True)
+    assert shown == [result.view] and result.view.state["status"] == "done"
+    runs = {r["label"]: r for r in result.view.state["runs"]}
+    assert runs["sync"]["steps"] == 5 and runs["async"]["steps"] == 20
+    assert all(r["status"] == "done" for r in runs.values())
