@@ -97,6 +97,8 @@ _NOT_METRICS = {
     "arrivals",
     "staleness",
     "replica",
+    "delay",
+    "arrival",
 }
 
 
