@@ -94,6 +94,7 @@ _NOT_METRICS = {
     "restarts",
     "tasks",
     "delays",
+    "delay",
     "arrivals",
     "staleness",
     "replica",
