@@ -175,7 +175,7 @@ def scaling_study(
             model_bytes = model_bytes or _gradient_bytes(graph, train, sess.variables)
             row = _row(k, measured[k], batch_size, study.rows)
             study.rows.append(row)
-            ROOT.emit(ScalingPoint(**ids, **row))
+            ROOT.emit(ScalingPoint(**ids, **{k: v for k, v in row.items() if k != "median_step_seconds"}))
         if targets:
             compute = _small_shard(sess, train, data, batch_size, counts[0], max(targets), available, strategy)
             clean = measured if stragglers is None else {k: unstraggled(rs, k - backups) for k, rs in measured.items()}

@@ -94,10 +94,10 @@ _NOT_METRICS = {
     "restarts",
     "tasks",
     "delays",
+    "delay",
     "arrivals",
     "staleness",
     "replica",
-    "delay",
     "arrival",
 }
 

@@ -100,7 +100,7 @@ class BackupAllReduceEngine(AllReduceEngine):
                 while pending and (not self.flight or self._trailing_done(pending[0])):
                     step, futures, results = pending.popleft()
                     results = self._trailing(step, futures, results)
-                    if "variables" in results[0]:
+                    if results[0] is not None and "variables" in results[0]:
                         self.host = (results[0]["variables"], step)
                         if self.events is not None:
                             self.events.emit(Synced, step=step)
@@ -129,6 +129,8 @@ class BackupAllReduceEngine(AllReduceEngine):
         while not ready():
             changed.clear()
             for rank, f in enumerate(futures):
+                if f.status in ("error", "cancelled") and self.group.addresses[rank] not in self.lost:
+                    self._check_members(step)  # a member that died: its tasks fail, the step goes on
                 if self.group.addresses[rank] in self.lost:
                     continue
                 if f.status == "error":
@@ -147,10 +149,13 @@ class BackupAllReduceEngine(AllReduceEngine):
         self._wait_for(step, futures, lambda: bool(finished()))
         used = finished()[0].result(timeout=self.deadline.seconds)["used"]
         wanted = sorted(set(used) | ({0} if sync else set()))
-        self._wait_for(step, futures, lambda: all(futures[r].status == "finished" for r in wanted))
+        # a used member may die once its gradient is in: the step stands, its record goes without it
+        here = lambda r: futures[r].status == "finished" or self.group.addresses[r] in self.lost  # noqa: E731
+        self._wait_for(step, futures, lambda: all(here(r) for r in wanted))
         results = [None] * len(futures)
         for r in wanted:
-            results[r] = futures[r].result(timeout=self.deadline.seconds)
+            if futures[r].status == "finished":
+                results[r] = futures[r].result(timeout=self.deadline.seconds)
         return results
 
     def _trailing_done(self, entry) -> bool:
@@ -168,14 +173,16 @@ class BackupAllReduceEngine(AllReduceEngine):
         for r, f in enumerate(futures):
             if out[r] is None and f.status == "finished":
                 out[r] = f.result(timeout=self.deadline.seconds)
-            elif out[r] is None and f.status == "error" and self.group.addresses[r] not in self.lost:
-                raise self._failed(step, f)
+            elif out[r] is None and f.status == "error":
+                self._check_members(step)
+                if self.group.addresses[r] not in self.lost:
+                    raise self._failed(step, f)
         return out
 
     def _outcome(self, step: int, results: list) -> StepOutcome:
         decided = next(r for r in results if r is not None and "used" in r)
         used = decided["used"]
-        applied = [results[r] for r in used]
+        applied = [results[r] for r in used if results[r] is not None]
         fetches = _outcome_fetches(self.program, self.labels, applied, rescale=self._rescale(applied))
         compute = {r["worker"]: r["compute_seconds"] for r in applied}
         begun = min(r["start_wall"] for r in applied)

@@ -374,7 +374,8 @@ def replica_gradients(
         for v, r in zip(values[n:], reductions, strict=True)
     ]
     computed = time.perf_counter() - started
-    if delay > 0:
+    if delay > 0:  # a straggler: its worker's thread is free meanwhile (the server's update may run there)
+        _leave_thread_pool()
         time.sleep(delay)
     return {
         "grads": grads,
@@ -385,6 +386,16 @@ def replica_gradients(
         "shards": 1,
         "ready": {int(replica): (start_wall, time.time())},  # wall clock: when it began and handed in
     }
+
+
+def _leave_thread_pool() -> None:
+    """``distributed.secede`` inside a worker's task (a no-op elsewhere)."""
+    try:
+        from distributed import secede
+
+        secede()
+    except (ImportError, ValueError):
+        pass
 
 
 def reduce_pair(a: dict, b: dict) -> dict:
