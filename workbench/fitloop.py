@@ -147,6 +147,9 @@ class FitRequest:
     feeds : dict
         Placeholder name to a host array fed at every training step (``fit(feed_dict=...)``),
         not to validation.
+    stragglers : Stragglers, optional
+        ``fit(stragglers=...)`` (:mod:`workbench.stragglers`): the delays every engine with replicas
+        injects after a replica computes and before it hands its gradient in.
     """
 
     graph: Any
@@ -162,6 +165,7 @@ class FitRequest:
     stats: dict = field(default_factory=dict)
     stats_every: int = 0
     feeds: dict = field(default_factory=dict)
+    stragglers: Any = None
 
     def stats_due(self, step: int) -> bool:
         """Whether step ``step`` (1-based) also fetches :attr:`stats`."""

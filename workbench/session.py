@@ -25,6 +25,7 @@ from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
 from workbench.training import History, check_fit_arguments, is_dask_array
 from workbench import fit_arguments
+from workbench.clock import check as check_clock
 from workbench.validation import make_validation
 
 
@@ -324,6 +325,9 @@ class Session:
         stats: int | None = None,
         step_timeout: float | None = None,
         feed_dict: dict | None = None,
+        stragglers=None,
+        clock: str = "wall",
+        compute_seconds: float | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -354,9 +358,11 @@ class Session:
             flight, steps between host copies of the variables, the workers to use,
             extra shards per step whose slowest are dropped (Chen et al. 2016), the
             step engine: ``"allreduce"`` (the default: gradients all-reduced worker to
-            worker inside each step's tasks) or ``"parameter_server"`` (a task graph per
-            step; what ``backup_replicas``, dask-array data and GPU sessions use, chosen
-            by itself for them when no strategy is named), or a strategy function: a name
+            worker inside each step's tasks; with ``backup_replicas`` the first ``replicas``
+            gradients to arrive are applied) or ``"parameter_server"`` (a task graph per
+            step; what dask-array data and GPU sessions use, chosen by itself for them when
+            no strategy is named), ``"async"`` (asynchronous SGD: each replica's gradient
+            applied as it arrives, one record per applied gradient), or a strategy function: a name
             of ``wb.strategies.names()``, a :class:`~workbench.strategies.Strategy`
             (``wb.strategies.local_sgd(every=8)``) or a function of ``r``; without a cluster,
             ``replicas`` or a strategy trains R replicas in this process (the simulation,
@@ -376,6 +382,17 @@ class Session:
             locally and on a cluster, e.g. ``{"training": True}`` for a placeholder
             ``training`` with ``default=False``; validation runs without them (so with
             the placeholders' defaults: the graph's inference settings).
+        stragglers : wb.stragglers.Bernoulli, LogNormal or Fixed, optional
+            Delays injected into a fit with replicas: a late replica waits after computing and
+            before handing its gradient in; records then hold ``"delays"`` and ``"arrivals"``
+            per replica (and ``"dropped"`` with ``backup_replicas``). See :mod:`workbench.stragglers`.
+            ``strategy="async"`` trains asynchronous SGD (each replica's gradient applied as it arrives).
+        clock : {"wall", "virtual"}
+            The simulation's clock (:mod:`workbench.clock`): with ``"virtual"`` nothing sleeps, each
+            replica's step takes ``compute_seconds`` (or its measured compute time when None) plus
+            its injected delay, and the History's times are virtual; bit-identical on a rerun.
+        compute_seconds : float, optional
+            Virtual seconds of one replica's compute (``clock="virtual"`` only).
 
         Returns
         -------
@@ -395,13 +412,25 @@ class Session:
         On a cluster every failure is a ``ClusterError`` whose cause is chained.
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
+        timing = check_clock(clock, compute_seconds)
         request = fit_arguments.request(
-            self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict, checkpoint_dir
+            self,
+            train,
+            data,
+            batch_size,
+            steps,
+            epochs,
+            fetches,
+            check_numerics,
+            stats,
+            feed_dict,
+            checkpoint_dir,
+            stragglers=fit_arguments.stragglers_for(stragglers, replicas, backup_replicas),
         )
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         cluster = {"window": window, "sync_every": sync_every, "workers": workers, "backup_replicas": backup_replicas}
         engine, every = fit_arguments.engine(
-            self, request, replicas, strategy, checkpoint_every, step_timeout=step_timeout, **cluster
+            self, request, replicas, strategy, checkpoint_every, timing, step_timeout=step_timeout, **cluster
         )
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
         self.last_history = loop.history

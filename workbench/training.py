@@ -93,6 +93,12 @@ _NOT_METRICS = {
     "collectives",
     "restarts",
     "tasks",
+    "delays",
+    "delay",
+    "arrivals",
+    "staleness",
+    "replica",
+    "arrival",
 }
 
 

@@ -57,3 +57,9 @@ def test_cross_replica_sum_needs_a_shape_every_replica_shares():
         x = wb.placeholder("x", shape=(None, 3))
         with pytest.raises(wb.ShapeError, match=r"cross_replica_sum needs the same shape on every replica"):
             wb.cross_replica_sum(x)
+
+
+def test_the_lab_simulation_says_it_does_not_run_forward_collectives():
+    g, train, loss, data = net()
+    with pytest.raises(wb.ArgumentError, match=r"exchanges values between replicas in its forward pass"):
+        wb.Session(g, seed=0).fit(train, data, batch_size=16, steps=2, replicas=2, backup_replicas=1)

@@ -336,7 +336,14 @@ def take_rows(source, index: np.ndarray) -> np.ndarray:
 
 
 def replica_gradients(
-    program: TrainingProgram, state: dict, index: np.ndarray, weight: float, offset: int, *data
+    program: TrainingProgram,
+    state: dict,
+    index: np.ndarray,
+    weight: float,
+    offset: int,
+    *data,
+    replica: int = 0,
+    delay: float = 0.0,
 ) -> dict:
     """One replica's shard: gradients weighted for the global batch's loss.
 
@@ -344,8 +351,9 @@ def replica_gradients(
     when the loss is a mean over the rows, by 1 when it is a sum; mean fetches by it too (the others
     combine by what they are, in :func:`reduce_pair`). ``offset`` is where the shard starts in the
     global batch; ``data`` holds one source per placeholder of ``program.feeds``, in order.
+    ``replica``: the shard's replica id; ``delay``: seconds it waits after computing (``fit(stragglers=...)``).
     """
-    started = time.perf_counter()
+    started, start_wall = time.perf_counter(), time.time()
     plans = compiled(program)
     device = plans.device
     plans.replica_state.clear()
@@ -365,14 +373,29 @@ def replica_gradients(
         device.xp.asarray(v) * share if r is None else weighted(r, device.xp.asarray(v), share)
         for v, r in zip(values[n:], reductions, strict=True)
     ]
+    computed = time.perf_counter() - started
+    if delay > 0:  # a straggler: its worker's thread is free meanwhile (the server's update may run there)
+        _leave_thread_pool()
+        time.sleep(delay)
     return {
         "grads": grads,
         "fetches": fetches,
         "reductions": program.fetch_reductions,
-        "compute": {_worker_address(): time.perf_counter() - started},
+        "compute": {_worker_address(): computed},
         "reduce_seconds": 0.0,
         "shards": 1,
+        "ready": {int(replica): (start_wall, time.time())},  # wall clock: when it began and handed in
     }
+
+
+def _leave_thread_pool() -> None:
+    """``distributed.secede`` inside a worker's task (a no-op elsewhere)."""
+    try:
+        from distributed import secede
+
+        secede()
+    except (ImportError, ValueError):
+        pass
 
 
 def reduce_pair(a: dict, b: dict) -> dict:
@@ -391,6 +414,7 @@ def reduce_pair(a: dict, b: dict) -> dict:
         "compute": compute,
         "reduce_seconds": a["reduce_seconds"] + b["reduce_seconds"] + time.perf_counter() - started,
         "shards": a["shards"] + b["shards"],
+        "ready": {**a.get("ready", {}), **b.get("ready", {})},
     }
 
 
@@ -420,6 +444,7 @@ def step_metrics(reduced: dict, new_state: dict) -> dict:
         "update_worker": new_state["update_worker"],
         "shards": reduced["shards"],
         "step": new_state["step"],
+        "ready": reduced.get("ready", {}),
     }
 
 
