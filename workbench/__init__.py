@@ -10,7 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers, strategies
-from workbench import layers, models
+from workbench import layers, models, stragglers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -57,6 +57,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     all,
     all_gather,
     all_reduce,
+    cross_replica_sum,
     argmax,
     assign,
     assign_add,
@@ -176,6 +177,7 @@ __all__ = [
     "scan",
     "strategies",
     "strategy",
+    "stragglers",
     "strategy_graph",
     "StrategyError",
     *_PUBLIC_OPS,

@@ -66,6 +66,10 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, *
     workers = cluster["workers"]
     chosen = workers if workers is None or isinstance(workers, str) else tuple(workers)
     function = runs_a_strategy_function(strategy)
+    if not function and strategy in (None, "allreduce") and forward_collectives(request.graph):
+        # the replicas exchange statistics in their forward pass (a synchronized batch norm): the
+        # "allreduce" strategy function's replica programs run those collectives; the engine cannot
+        function, strategy = True, "allreduce"
     options = ClusterOptions(
         None if function else strategy,
         replicas,
@@ -100,6 +104,12 @@ def local_engine(request: FitRequest, session, replicas, strategy):
     from workbench.simulation import SimulatedReplicas
 
     return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
+
+
+def forward_collectives(graph) -> list[str]:
+    """The collective ops the graph itself holds (``cross_replica_sum`` of batch norm's global moments),
+    which only a replica program running on a communicator computes."""
+    return [op.name for op in graph.operations if op.opdef.collective]
 
 
 def runs_a_strategy_function(strategy) -> bool:

@@ -452,9 +452,12 @@ class Session:
         return checkpoint.write(path, self.variables, private=private)
 
     def restore(self, path: str | os.PathLike, strict: bool = True) -> None:
-        """Load variable values written by :meth:`save`; checks everything before changing anything.
+        """Load variable values written by :meth:`save` or by a fit's checkpoints; checks everything
+        before changing anything.
 
-        With ``strict=True`` every variable of the graph must be in the file.
+        ``path`` is a file or a ``fit(checkpoint_dir=...)`` directory (its newest checkpoint; a
+        replicated fit's per-replica state in it is left out). With ``strict=True`` every variable of
+        the graph must be in the file.
         """
         loaded = checkpoint.restore(path, self.graph.variables, strict)  # checked against the graph before reading
         self._put(loaded)

@@ -182,6 +182,7 @@ class StrategyReplica:
         weight = fetch_weight if program.loss_reduction == "mean" else 1.0
         feeds[inputs["weight"]] = np.array(weight, dtype=program.weight_dtype)
         comm = WorkerComm(self.comm, step)
+        comm.weight = float(weight)  # what weighted collectives scale by (cross_replica_sum's gradient)
         values = plan.run([feeds[n] for n in plan.feed_names], step=step - 1, row_offset=offset, comm=comm)
         self.step = step
         fetches = [
