@@ -43,6 +43,7 @@ from workbench.cluster.health import StepDeadline, scheduler_workers, silence_th
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
@@ -189,8 +190,9 @@ class AllReduceEngine:
         self.replicas: int | None = None  # the members of the current generation, once started
         self.workers: int | None = None
         self.reason = reason  # why fit chose this strategy (see workbench.cluster.engines)
-        # fit(stats=k): every k-th step, rank 0 also computes the program's statistic ops and reports them
+        # fit(stats=k): every k-th step, the replicas also compute the program's statistic ops; joined here
         self.stats_labels, self.stats_every = list(stats_labels), int(stats_every) if program.stats else 0
+        self._stat_rules = None
         self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
         self.timeout, self.bucket_bytes = timeout, bucket_bytes
         self.lease = max(300.0, 4 * timeout) if lease is None else float(lease)
@@ -368,7 +370,7 @@ class AllReduceEngine:
                 self.client.submit(
                     run_step,
                     *args,
-                    stats=due and rank == 0,  # one replica reports them (its shard's statistics)
+                    stats=due,  # every replica computes them on its shard; _outcome joins them
                     delay=delays[rank],
                     key=key,
                     workers=[worker],
@@ -495,6 +497,13 @@ class AllReduceEngine:
             "tasks": len(results),
             **arrival_metrics(results),
         }
-        reported = next((r["stats"] for r in results if "stats" in r), None)
-        stats = dict(zip(self.stats_labels, reported, strict=True)) if reported is not None else {}
+        stats = {}
+        reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
+        if reported:  # the global batch's statistics (workbench.cluster.stat_combine)
+            if self._stat_rules is None:
+                self._stat_rules = stat_rules(self.program)
+            joined = combine_stats(
+                self._stat_rules, [r["stats"] for r in reported], [r["stats_share"] for r in reported]
+            )
+            stats = dict(zip(self.stats_labels, joined, strict=True))
         return StepOutcome(step, fetches, metrics, stats=stats)

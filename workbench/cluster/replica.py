@@ -33,6 +33,7 @@ import numpy as np
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
+from workbench.cluster.stat_combine import gradient_norm_indices
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import Reduction, weighted
 from workbench.graph.compile import compile_plan
@@ -149,6 +150,7 @@ class Replica:
 
             self.backup = BackupRank(self.comm, needed, step, len(self.buckets), program.loss_reduction == "mean")
         self._deferred = False
+        self.norm_of = gradient_norm_indices(program)  # grad_norm statistics: of the all-reduced gradients
 
     def _layout(self, dtypes: list[str], bucket_bytes: int) -> None:
         """Buckets in the order the backward pass makes the gradients, and each gradient's view into its bucket."""
@@ -275,6 +277,8 @@ class Replica:
                 handle.summed(self.group.timeout)
             self._settling = self._handles
         reduced = time.perf_counter()
+        if reported is not None:  # the global batch's gradient norms (see workbench.cluster.stat_combine)
+            reported = [float(np.linalg.norm(self.views[i])) if i >= 0 else v for v, i in zip(reported, self.norm_of)]
         self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step
         result = {
@@ -297,7 +301,7 @@ class Replica:
         if sync and self.comm.rank == 0:
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         if reported is not None:
-            result["stats"] = reported
+            result["stats"], result["stats_share"] = reported, float(fetch_weight)
         return result
 
     def _hand_in(self, delay: float) -> float:
