@@ -147,3 +147,18 @@ def test_feed_dict_on_the_cluster_equals_the_simulation(client):
                  strategy=wb.strategies.local_sgd(every=2))  # fmt: skip
         found.append(sess.variables["w"])
     np.testing.assert_allclose(found[0], found[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_allreduce_strategy_function_gives_the_bits_of_the_built_in_engine(kit, client, dtype):
+    from workbench.strategies import resolve
+
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05), dtype=dtype)
+    found = []
+    for strategy in ("allreduce", resolve("allreduce")):  # the engine, then the strategy function
+        sess = wb.Session(m["graph"], seed=0, cluster=client)
+        history = sess.fit(m["train"], kit.blobs(dtype=dtype), batch_size=32, steps=6, replicas=2, strategy=strategy)
+        found.append(sess.variables)
+    assert history["collectives"].tolist() == [4] * 6  # w0, b0, w1, b1: the ops, in one bucket
+    for name, value in found[0].items():
+        assert np.asarray(value).tobytes() == np.asarray(found[1][name]).tobytes(), name

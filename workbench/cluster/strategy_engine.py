@@ -127,6 +127,7 @@ class StrategyEngine(AllReduceEngine):
                     self.group,
                     0,
                     *data,
+                    lease=self.lease,
                     key=allreduce_key(self.name, "start", i, token),
                     workers=[worker],
                     allow_other_workers=False,
