@@ -109,6 +109,8 @@ def test_buckets_follow_the_backward_pass_and_close_at_the_size_like_the_engines
     # every start sits inside the backward pass: some gradient matmul still runs after it
     last_matmul = max(i for i, op in enumerate(entries) if op.type == "matmul")
     assert starts[0] < last_matmul
+    # r.weight multiplies each gradient on its way into the bucket (one pass over it, as the engine's)
+    assert not [op.name for op in entries if op.name.startswith("allreduce/multiply")]
     # the engine's rule: gradients in the order the backward pass makes them, a bucket closes once
     # it holds bucket_bytes: [b2, w2, b1, w1] then [b0, w0]
     from workbench.cluster.replica import plan_buckets

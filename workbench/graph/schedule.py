@@ -56,6 +56,7 @@ class CollectiveBucket:
     dtype: str
     reduction: str  # "sum" or "mean"
     size: int
+    scaled: tuple = ()  # per member: its inputs are (x, s), packed as x * s
 
 
 def schedule_collectives(step_io: list, bucket_bytes: int | None = None) -> tuple[list, set[int], dict]:
@@ -83,19 +84,70 @@ def schedule_collectives(step_io: list, bucket_bytes: int | None = None) -> tupl
     for start, done in zip(starts, dones, strict=True):
         for entry in [*_feeders(order, start, done), start]:
             _move_up(order, entry)
-    buckets = _bucket(order, starts, dones, bucket_bytes) if bucket_bytes else []
-    entries = {id(members[-1]): (bucket, members) for bucket, members in buckets}
-    merged = {id(m) for _, members in buckets for m in members[:-1]}
-    order = [e for e in order if id(e) not in merged]
-    positions = {_index(order, s) for s in starts if id(s) not in merged}
-    placed = {}
-    for k, e in enumerate(order):
-        if id(e) in entries:
-            bucket, members = entries[id(e)]
-            ins = [s for m in members for s in m[1]]
-            order[k] = (e[0], ins, [m[2][0] for m in members])
-            placed[k] = bucket
-    return order, positions, placed
+    if not bucket_bytes:
+        return order, {_index(order, s) for s in starts}, {}
+    return _merge(order, starts, dones, _bucket(order, starts, dones, bucket_bytes))
+
+
+def _merge(order: list, starts: list, dones: list, groups: list) -> tuple[list, set[int], dict]:
+    """``order`` with each bucket's starts made one entry, where its last member started: every
+    member's inputs (a scale folded in: see :func:`_scaled`) and handles."""
+    done_of = {id(s): d for s, d in zip(starts, dones, strict=True)}
+    replaced, dropped, buckets = {}, set(), {}
+    for members in groups:
+        ins, scaled, bounds, shapes, offset = [], [], [], [], 0
+        for m in members:
+            shape = tuple(m[0].inputs[0].shape)
+            n = int(np.prod(shape, dtype=np.int64))
+            bounds.append((offset, offset + n))
+            shapes.append(shape)
+            offset += n
+            done = done_of[id(m)]
+            product = _scaled(order, m, done)
+            if product is None:
+                ins.extend(m[1])
+                scaled.append(False)
+                continue
+            dropped.add(id(product))  # the multiply is done on the way into the bucket
+            ins.extend(product[1])
+            scaled.append(True)
+            replaced[id(done)] = (done[0], [done[1][0], *product[1]], done[2])  # holds the factors instead
+        op = members[-1][0]
+        bucket = CollectiveBucket(
+            tuple(m[0] for m in members),
+            tuple(bounds),
+            tuple(shapes),
+            op.inputs[0].dtype,
+            op.attrs["op"],
+            offset,
+            tuple(scaled),
+        )
+        replaced[id(members[-1])] = (op, ins, [m[2][0] for m in members])
+        buckets[id(members[-1])] = bucket
+        dropped.update(id(m) for m in members[:-1])
+    left = [e for e in order if id(e) not in dropped]
+    begun = {id(s) for s in starts}
+    positions = {k for k, e in enumerate(left) if id(e) in begun}
+    placed = {k: buckets[id(e)] for k, e in enumerate(left) if id(e) in buckets}
+    return [replaced.get(id(e), e) for e in left], positions, placed
+
+
+def _scaled(order: list, start, done):
+    """The entry of ``x * s`` (``s`` a scalar, all of one dtype) that makes ``start``'s input, if only
+    this collective uses it: a bucket packs it as ``multiply(x, s, out=...)``, the same bits, one pass
+    over the array fewer (as the all-reduce engine weights gradients on their way into its buckets)."""
+    (slot,) = start[1]
+    entry = next((e for e in order if slot in e[2]), None)
+    if entry is None or entry[0].type != "multiply" or len(entry[1]) != 2 or entry[2] != [slot]:
+        return None
+    out = entry[0].outputs[0]
+    a, b = entry[0].inputs
+    if {a.dtype, b.dtype} != {out.dtype} or {tuple(a.shape), tuple(b.shape)} != {tuple(out.shape), ()}:
+        return None
+    if tuple(out.shape) == ():
+        return None
+    users = [e for e in order if slot in e[1]]
+    return entry if all(u is start or u is done for u in users) else None
 
 
 def _feeders(order: list, start, done) -> list:
@@ -130,7 +182,7 @@ def _move_up(order: list, entry) -> None:
 
 
 def _bucket(order: list, starts: list, dones: list, bucket_bytes: int) -> list:
-    """The buckets of two or more starts: (CollectiveBucket, the members' start entries)."""
+    """The buckets of two or more starts: each a list of its members' start entries, in plan order."""
     done_of = {id(s): d for s, d in zip(starts, dones, strict=True)}
     at = {id(e): k for k, e in enumerate(order)}
     groups, current, size, key, first_done = [], [], 0, None, len(order)
@@ -154,21 +206,7 @@ def _bucket(order: list, starts: list, dones: list, bucket_bytes: int) -> list:
         size += int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
         first_done = min(first_done, at[id(done_of[id(start)])])
     close()
-    out = []
-    for members in groups:
-        bounds, shapes, offset = [], [], 0
-        for m in members:
-            shape = tuple(m[0].inputs[0].shape)
-            n = int(np.prod(shape, dtype=np.int64))
-            bounds.append((offset, offset + n))
-            shapes.append(shape)
-            offset += n
-        op = members[-1][0]
-        bucket = CollectiveBucket(
-            tuple(m[0] for m in members), tuple(bounds), tuple(shapes), op.inputs[0].dtype, op.attrs["op"], offset
-        )
-        out.append((bucket, members))
-    return out
+    return groups
 
 
 class _Shared:
@@ -205,8 +243,12 @@ def start_bucket(comm, xp, bucket: CollectiveBucket, replicas, values) -> tuple:
     give each member's handle. The communicator may reduce into the array (``owned``); ``members`` says
     how many collective ops it carries."""
     flat = xp.empty(bucket.size, dtype=bucket.dtype)
-    for (a, b), value in zip(bucket.bounds, values, strict=True):
-        flat[a:b] = xp.reshape(xp.asarray(value), (-1,))
+    values = iter(values)
+    for (a, b), shape, scaled in zip(bucket.bounds, bucket.shapes, bucket.scaled, strict=True):
+        if scaled:
+            xp.multiply(next(values), next(values), out=flat[a:b].reshape(shape))
+        else:
+            flat[a:b] = xp.reshape(xp.asarray(next(values)), (-1,))
     handle = comm.start(
         "all_reduce", xp, flat, op=bucket.reduction, replicas=replicas, members=len(bucket.ops), owned=True
     )
