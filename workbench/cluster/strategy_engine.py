@@ -50,6 +50,7 @@ def strategy_program(request, program: ReplicaProgram) -> StrategyProgram:
         seed=request.seed,
         device=device,
         device_options=options,
+        stats=tuple(request.stats.values()),
     )
 
 
@@ -141,8 +142,8 @@ class StrategyEngine(Coordinated, AllReduceEngine):
 
     def _step_task(self, rank: int, args: tuple, sync: bool, stats_due: bool) -> tuple:
         """Every rank brings its state home at a sync (not rank 0 alone): replicas may differ between
-        averaging steps (local SGD's optimizer slots)."""
-        return run_strategy_step, (*args[:7], sync, *args[8:]), {}
+        averaging steps (local SGD's optimizer slots). Rank 0 reports the model's statistics."""
+        return run_strategy_step, (*args[:7], sync, *args[8:]), {"stats": stats_due and rank == 0}
 
 
 def make(request, client, options, events, strategy):
@@ -182,5 +183,7 @@ def make(request, client, options, events, strategy):
             sync_every=options.sync_every,
             events=events,
             reason=options.reason,
+            stats_labels=list(request.stats),
+            stats_every=request.stats_every,
         )
     return engine

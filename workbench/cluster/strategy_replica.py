@@ -58,7 +58,8 @@ class StrategyProgram:
     device, device_options :
         As :class:`~workbench.cluster.program.TrainingProgram`'s (CPU workers).
     stats : tuple
-        Statistic ops computed with the steps: none (``fit(stats=...)`` is refused for strategy functions).
+        The model's statistic ops (``fit(stats=k)``): on the steps that report them, rank 0 also
+        computes them, on its shard, before the update (what the all-reduce engine reports).
     bucket_bytes : int or None
         The plans start their sum and mean all-reduces in flat buckets of about this many bytes, in the
         order the backward pass makes their inputs (:mod:`workbench.graph.schedule`; the all-reduce
@@ -166,24 +167,32 @@ class StrategyReplica:
         device = open_worker_device(program.device, program.device_options)
         inputs = dict(program.inputs)
         fed = [*program.feeds, *inputs.values()]
-        self.plans = {}
+        self.plans, self.stats_plans = {}, {}
         for due, text in program.variants:
             graph = Graph.from_json(text)
-            self.plans[tuple(due)] = compile_plan(
-                graph,
-                [UPDATE, *program.fetches],
-                fed,
-                device,
-                state=self.variables,
-                seed=program.seed,
-                own_state=True,
-                bucket_bytes=program.bucket_bytes,
-            )
+            self.plans[tuple(due)] = self._compile(graph, [UPDATE, *program.fetches], fed, device)
+            if program.stats and self.comm.rank == 0:  # the steps that report the model's statistics
+                self.stats_plans[tuple(due)] = self._compile(
+                    graph, [UPDATE, *program.fetches, *program.stats], fed, device
+                )
 
-    def run(self, step: int, rows, offset: int, fetch_weight: float, sync: bool) -> dict:
+    def _compile(self, graph: Graph, fetches: list, fed: list, device):
+        program = self.program
+        return compile_plan(
+            graph,
+            fetches,
+            fed,
+            device,
+            state=self.variables,
+            seed=program.seed,
+            own_state=True,
+            bucket_bytes=program.bucket_bytes,
+        )
+
+    def run(self, step: int, rows, offset: int, fetch_weight: float, sync: bool, stats: bool = False) -> dict:
         self.used, self._running = time.monotonic(), True
         try:
-            return self._run_in_turn(step, rows, offset, fetch_weight, sync)
+            return self._run_in_turn(step, rows, offset, fetch_weight, sync, stats)
         finally:
             self.used, self._running = time.monotonic(), False
 
@@ -191,7 +200,7 @@ class StrategyReplica:
         """Whether a step runs now (its lease does not end while it does)."""
         return self._running
 
-    def _run_in_turn(self, step: int, rows, offset: int, fetch_weight: float, sync: bool) -> dict:
+    def _run_in_turn(self, step: int, rows, offset: int, fetch_weight: float, sync: bool, stats: bool) -> dict:
         with self.turn:  # steps run in order (a later step that started early waits, bounded)
             ready = self.turn.wait_for(lambda: self.failed or self.step >= step - 1, timeout=self.group.timeout)
         if self.failed:
@@ -199,7 +208,7 @@ class StrategyReplica:
         if not ready or self.step != step - 1:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
         try:
-            return self._run(step, rows, offset, fetch_weight, sync)
+            return self._run(step, rows, offset, fetch_weight, sync, stats)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
@@ -207,9 +216,11 @@ class StrategyReplica:
             with self.turn:
                 self.turn.notify_all()
 
-    def _run(self, step, rows, offset, fetch_weight, sync) -> dict:
+    def _run(self, step, rows, offset, fetch_weight, sync, stats=False) -> dict:
         program, inputs = self.program, dict(self.program.inputs)
-        plan = self.plans[program.due(step)]
+        due = program.due(step)
+        stats = stats and due in self.stats_plans
+        plan = self.stats_plans[due] if stats else self.plans[due]
         if len(_REPLICAS) > 1 and self.comm.size > 1:
             leave_thread_pool()  # waits for peers while another run shares this worker
         for handle in self.settling:  # the last step's arrays are free once peers have read them
@@ -225,9 +236,10 @@ class StrategyReplica:
         values = plan.run([feeds[n] for n in plan.feed_names], step=step - 1, row_offset=offset, comm=comm)
         self.settling = comm.handles
         self.step = step
+        m = 1 + len(program.fetches)
         fetches = [
             weighted(r, np.array(v, copy=True), fetch_weight)
-            for r, v in zip(program.fetch_reductions, values[1:], strict=True)
+            for r, v in zip(program.fetch_reductions, values[1:m], strict=True)
         ]
         seconds = time.perf_counter() - started
         result = {
@@ -242,6 +254,8 @@ class StrategyReplica:
             "bytes_received": self.comm.bytes_received - received,
             "collectives": comm.collectives,
         }
+        if stats:  # this replica's shard's statistics, as the all-reduce engine reports them
+            result["stats"] = [float(np.asarray(v)) for v in values[m:]]
         if sync:  # every rank: replicas may differ between averaging steps (local SGD's optimizer slots)
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         return result
@@ -269,9 +283,12 @@ def start_strategy_replica(
     return group.addresses[replica.comm.rank]
 
 
-def run_strategy_step(token: str, step: int, rows, offset: int, _weight, _scale, fetch_weight, sync, _started):
-    """One replica's step ``step`` (the arguments of :func:`workbench.cluster.lower.allreduce_calls`)."""
+def run_strategy_step(
+    token: str, step: int, rows, offset: int, _weight, _scale, fetch_weight, sync, _started, stats: bool = False
+):
+    """One replica's step ``step`` (the arguments of :func:`workbench.cluster.lower.allreduce_calls`;
+    ``stats``: also report the model's statistics)."""
     replica = _REPLICAS.get(token)
     if not isinstance(replica, StrategyReplica):
         raise CollectiveError(f"no strategy replica of run {token!r} on this worker (restarted?)")
-    return replica.run(step, rows, offset, fetch_weight, sync)
+    return replica.run(step, rows, offset, fetch_weight, sync, stats)
