@@ -210,4 +210,4 @@ def test_a_killed_worker_costs_a_strategy_function_fit_no_progress(kit, client):
     assert [r["step"] for r in history.records] == list(range(1, 81))  # each step once
     assert restarted and all(step % 10 == 0 for step in restarted)  # from a host copy: no step from 0
     kit.assert_same_variables(local, sess.variables, 1e-9)
-    client.wait_for_workers(2, timeout=60)  # the nanny brought the worker back
+    client.wait_for_workers(2, timeout=180)  # the nanny brings the worker back (slow on a loaded machine)
