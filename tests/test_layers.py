@@ -14,7 +14,18 @@ ROOT = pathlib.Path(workbench.__file__).parent
 
 #: Module-name prefixes by layer, bottom first; a module may import its own layer and those below.
 LAYERS = [
-    ("base", ["workbench.errors", "workbench.events", "workbench.training", "workbench.datasets", "workbench.version"]),
+    (
+        "base",
+        [
+            "workbench.errors",
+            "workbench.events",
+            "workbench.training",
+            "workbench.stragglers",
+            "workbench.clock",
+            "workbench.datasets",
+            "workbench.version",
+        ],
+    ),
     ("ops", ["workbench.ops"]),
     (
         "graph",
@@ -31,14 +42,29 @@ LAYERS = [
     ("strategies", ["workbench.strategies"]),
     (
         "devices and the training loop",
-        ["workbench.gpu", "workbench.devices", "workbench.fitloop", "workbench.simulation"],
+        [
+            "workbench.gpu",
+            "workbench.devices",
+            "workbench.fitloop",
+            "workbench.simulation",
+            "workbench.lab_programs",
+            "workbench.lab_sync",
+            "workbench.lab_async",
+        ],
     ),
     ("cluster", ["workbench.cluster"]),
     ("session", ["workbench.session", "workbench.fit_arguments", "workbench.validation", "workbench.model"]),
     ("studies", ["workbench.scaling"]),
     (
         "notebook surface",
-        ["workbench.widgets", "workbench.dashboard", "workbench.notebook", "workbench.magics", "workbench"],
+        [
+            "workbench.widgets",
+            "workbench.dashboard",
+            "workbench.notebook",
+            "workbench.magics",
+            "workbench.compare",
+            "workbench",
+        ],
     ),
     ("demo", ["workbench.demo"]),
 ]

@@ -92,12 +92,7 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
         cluster["step_timeout"],
     )
     every = checkpoint_every or cluster["sync_every"]
-    if function:  # the members run the strategy's replica program
-        if request.stats_every:
-            raise ClusterError(
-                "fit(stats=...) on a cluster is computed by the 'allreduce' engine; "
-                f"strategy function {strategy!r} does not compute the model's statistics"
-            )
+    if function:  # the members run the strategy's replica program (rank 0 reports fit(stats=k))
         from workbench.cluster import strategy_engine
 
         return strategy_engine.make(request, session.client, options, session.events, strategy), every

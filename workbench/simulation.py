@@ -67,7 +67,7 @@ class Member:
     def start(self, kind: str, xp, value, **attrs) -> _Pending:
         key = (self.step, self.calls)
         self.calls += 1
-        self.collectives += 1
+        self.collectives += attrs.get("members", 1)  # a plan's bucket carries several collective ops
         self.bytes_sent += bytes_sent(kind, value.nbytes, value.dtype.itemsize, self.size, self.rank, attrs)
         return self.group._start(key, self.rank, kind, xp, value, attrs)
 

@@ -58,12 +58,22 @@ def test_local_sgd_every_4_sends_its_bytes_on_the_cluster(kit, client):
     assert history["collectives"].tolist() == [0, 0, 0, 4] * 4  # one all_reduce per variable, every 4th step
 
 
-def test_statistics_of_a_strategy_function_on_the_cluster_are_refused(kit, client):
+def test_statistics_of_a_strategy_function_on_the_cluster_are_the_engines(kit, client):
+    from workbench.strategies import resolve
+
     m = kit.mlp()
-    sess = wb.Session(m["graph"], seed=0, cluster=client)
-    with pytest.raises(wb.ClusterError, match="fit\\(stats=...\\) on a cluster is computed by the 'allreduce' engine"):
-        sess.fit(m["train"], kit.blobs(), batch_size=32, steps=2, replicas=2, strategy=wb.strategies.local_sgd(every=2),
-                 stats=1)  # fmt: skip
+    found = []
+    for strategy in ("allreduce", resolve("allreduce"), wb.strategies.local_sgd(every=2)):
+        sess = wb.Session(m["graph"], seed=0, cluster=client)
+        history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=4, replicas=2, strategy=strategy, stats=2)
+        found.append(history.stats)
+    engine, function, local_sgd = found
+    assert sorted(engine) == sorted(function) == sorted(local_sgd) == [2, 4]
+    for step in (2, 4):  # rank 0's shard, before the update: the same numbers as the engine's
+        assert set(function[step]) == set(engine[step]) and set(local_sgd[step]) == set(engine[step])
+        for label, value in engine[step].items():
+            np.testing.assert_allclose(function[step][label], value, rtol=1e-9, err_msg=label)
+    assert all(np.isfinite(v) for v in local_sgd[4].values())
 
 
 def test_checkpoints_resume_a_cluster_fit_of_diloco(kit, client, tmp_path):
@@ -147,3 +157,57 @@ def test_feed_dict_on_the_cluster_equals_the_simulation(client):
                  strategy=wb.strategies.local_sgd(every=2))  # fmt: skip
         found.append(sess.variables["w"])
     np.testing.assert_allclose(found[0], found[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_allreduce_strategy_function_gives_the_bits_of_the_built_in_engine(kit, client, dtype):
+    from workbench.strategies import resolve
+
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05), dtype=dtype)
+    found = []
+    for strategy in ("allreduce", resolve("allreduce")):  # the engine, then the strategy function
+        sess = wb.Session(m["graph"], seed=0, cluster=client)
+        history = sess.fit(m["train"], kit.blobs(dtype=dtype), batch_size=32, steps=6, replicas=2, strategy=strategy)
+        found.append(sess.variables)
+    assert history["collectives"].tolist() == [4] * 6  # w0, b0, w1, b1: the ops, in one bucket
+    for name, value in found[0].items():
+        assert np.asarray(value).tobytes() == np.asarray(found[1][name]).tobytes(), name
+
+
+def test_a_killed_worker_costs_a_strategy_function_fit_no_progress(kit, client):
+    """Last in this module: one of the module's two workers is killed (its nanny brings it back)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    local, _ = fit(kit, False, None, steps=80)
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    pids = client.run(os.getpid)
+    victim = sorted(pids)[-1]
+    synced, restarted = threading.Event(), []
+
+    def seen(event):
+        if event["kind"] == "synced":
+            synced.set()
+        elif event["kind"] == "restarted":
+            restarted.append(event["step"])
+
+    sess.events.subscribe(seen)
+
+    def kill():
+        synced.wait(60)
+        time.sleep(0.05)
+        os.kill(pids[victim], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=80, replicas=2, strategy=sync, sync_every=10,
+                       fetches={"loss": m["loss"]})  # fmt: skip
+    killer.join(5)
+    assert not killer.is_alive()
+    assert [r["step"] for r in history.records] == list(range(1, 81))  # each step once
+    assert restarted and all(step % 10 == 0 for step in restarted)  # from a host copy: no step from 0
+    kit.assert_same_variables(local, sess.variables, 1e-9)
+    client.wait_for_workers(2, timeout=180)  # the nanny brings the worker back (slow on a loaded machine)

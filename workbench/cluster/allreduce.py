@@ -39,8 +39,10 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
+from workbench.cluster.failures import restartable as _restartable
+from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
+from workbench.cluster.membership import Membership
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
 from workbench.cluster.stat_combine import combine_stats, stat_rules
@@ -75,20 +77,6 @@ def _outcome_fetches(program, labels: list, results: list, rescale: float = 1.0)
             value = value * rescale
         fetches[label] = value.item() if value.ndim == 0 else value
     return fetches
-
-
-def _restartable() -> tuple:
-    from distributed import KilledWorker
-    from distributed.client import FutureCancelledError
-
-    return (
-        CollectiveError,
-        KilledWorker,
-        FutureCancelledError,
-        concurrent.futures.CancelledError,
-        OSError,
-        TimeoutError,
-    )
 
 
 class AllReduceEngine:
@@ -197,7 +185,8 @@ class AllReduceEngine:
         self.timeout, self.bucket_bytes = timeout, bucket_bytes
         self.lease = max(300.0, 4 * timeout) if lease is None else float(lease)
         self.deadline = StepDeadline(step_timeout)  # no progress for this long: a hung worker is left out
-        self.left_out: set[str] = set()  # workers that stopped answering during this fit
+        self.membership = Membership(client, workers, self.deadline)
+        self.left_out = self.membership.left_out  # workers that stopped answering during this fit
         self.algorithm, self.max_restarts, self.name = algorithm, max_restarts, name
         self.poll = 0.5  # seconds between checks that the members are still there, while a step runs
         self.run_id = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -249,7 +238,7 @@ class AllReduceEngine:
     def start(self, variables: dict, step: int) -> None:
         """Place a replica of ``variables`` (the values after ``step``) on each worker."""
         self.host = ({n: np.array(v, copy=True) for n, v in variables.items()}, int(step))
-        self._launch(self._members(self._candidates()))
+        self._launch(self.membership.choose(self.max_replicas))
 
     def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
         """Run steps ``first..last``; yields one outcome per step, in order, each step once.
@@ -292,23 +281,7 @@ class AllReduceEngine:
         """Drop the steps in flight and the replicas on the workers."""
         self._drop()
 
-    # -- placing replicas -------------------------------------------------------------------------
-    def _candidates(self) -> list[str]:
-        known = sorted(scheduler_workers(self.client, self.deadline.seconds))
-        return [w for w in (self.addresses or known) if w in known and w not in self.left_out]
-
-    def _members(self, candidates: list[str]) -> list[str]:
-        count = len(candidates) if self.max_replicas is None else min(self.max_replicas, len(candidates))
-        if count < 1:
-            if self.left_out:
-                named = ", ".join(sorted(self.left_out))
-                raise ClusterError(
-                    f"no progress for {self.deadline.seconds:g} s and no worker is left: {named} "
-                    "stopped answering (stopped or hung processes); restart them, or add workers"
-                )
-            raise ClusterError(f"no workers left to train on (asked for {list(self.addresses or []) or 'any'})")
-        return candidates[:count]
-
+    # -- placing replicas (the members: see workbench.cluster.membership) -----------------------
     def _launch(self, members: list[str]) -> None:
         client = self.client
         variables, step = self.host
@@ -366,11 +339,12 @@ class AllReduceEngine:
         delays = step_delays(self.stragglers, step, group.size)
         due = bool(self.stats_every) and step % self.stats_every == 0
         for rank, ((key, args), worker) in enumerate(zip(calls, group.addresses, strict=True)):
+            task, args, keywords = self._step_task(rank, args, sync, due)
             futures.append(
                 self.client.submit(
-                    run_step,
+                    task,
                     *args,
-                    stats=due,  # every replica computes them on its shard; _outcome joins them
+                    **keywords,
                     delay=delays[rank],
                     key=key,
                     workers=[worker],
@@ -380,6 +354,12 @@ class AllReduceEngine:
                 )
             )
         self.flight.append((step, futures))
+
+    def _step_task(self, rank: int, args: tuple, sync: bool, stats_due: bool) -> tuple:
+        """What rank ``rank`` runs for a step: the task function, its arguments (those of
+        :func:`~workbench.cluster.lower.allreduce_calls`) and keywords. The hook an engine whose
+        members hold another kind of replica overrides (:mod:`workbench.cluster.strategy_engine`)."""
+        return run_step, args, {"stats": stats_due}  # every replica on its shard; _outcome joins them
 
     # -- results and failures ---------------------------------------------------------------------
     def _gather(self, step: int, futures: list) -> list[dict]:
@@ -411,7 +391,7 @@ class AllReduceEngine:
 
     def _check_members(self, step: int) -> None:
         """A member that left the cluster fails the step now, not when its peers' waits time out."""
-        gone = set(self.group.addresses) - set(scheduler_workers(self.client, self.deadline.seconds))
+        gone = self.membership.departed(self.group.addresses)
         if gone:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
 
@@ -436,29 +416,18 @@ class AllReduceEngine:
         # timed out) are left out of this fit; a dead one leaves the cluster by itself
         waited = min(self.deadline.seconds, self.timeout)
         addresses = self.group.addresses if self.group is not None else ()
-        silent = silent_workers(self.client, addresses, silence_threshold(waited)) if addresses else {}
-        self.left_out.update(silent)
-        if addresses and not silent:
-            self._wait_for_departures()
+        silent = self.membership.leave_out_silent(addresses, waited)
+        if addresses and not silent:  # a dead member: the scheduler says so in a moment
+            self.membership.wait_for_departures(addresses, min(5.0, self.timeout))
         self.deadline.restarted()
         self._drop()
         if self.events is not None:
             self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
         try:
-            members = self._members(self._candidates())
+            members = self.membership.choose(self.max_replicas)
         except ClusterError as e:
             raise e from error  # none left: say what made the fit give up on them
         self._launch(members)
-
-    def _wait_for_departures(self, seconds: float = 5.0) -> None:
-        """Give the scheduler a moment to notice a dead member (its nanny reports it at once),
-        so that the next generation does not count on it; a hung member stays."""
-        deadline = time.monotonic() + min(seconds, self.timeout)
-        members = set(self.group.addresses)
-        while time.monotonic() < deadline:
-            if members - set(scheduler_workers(self.client, self.deadline.seconds)):
-                return
-            time.sleep(0.1)
 
     def _cancel(self) -> None:
         futures = [f for _, fs in self.flight for f in fs] + list(self.started)
@@ -499,7 +468,9 @@ class AllReduceEngine:
         }
         stats = {}
         reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
-        if reported:  # the global batch's statistics (workbench.cluster.stat_combine)
+        if reported and "stats_share" not in reported[0]:  # a strategy function's: rank 0's shard
+            stats = dict(zip(self.stats_labels, reported[0]["stats"], strict=True))
+        elif reported:  # the global batch's statistics (workbench.cluster.stat_combine)
             if self._stat_rules is None:
                 self._stat_rules = stat_rules(self.program)
             joined = combine_stats(

@@ -8,7 +8,8 @@ happened and what to do, with the original exception as its cause.
 :func:`guard` wraps an engine so that every method goes through it;
 :func:`workbench.cluster.engines.make_engine` guards every engine it makes, so a
 new strategy gets this for free. :func:`check_memory` refuses data that cannot fit
-a worker before anything is sent.
+a worker before anything is sent. :func:`restartable` is the one list of errors an
+engine recovers from (a new attempt from the last host copy) rather than raises.
 """
 
 from __future__ import annotations
@@ -170,6 +171,27 @@ def _scheduler_address(client) -> str:
     with contextlib.suppress(Exception):
         return str(client.scheduler.address)
     return "its address"
+
+
+def restartable() -> tuple:
+    """The errors a cluster engine recovers from by starting again from its last host copy: a lost
+    or cancelled task (a worker died, or was restarted), a collective whose peer died or hung, a
+    connection that broke, a step that made no progress in time. Every engine uses this tuple."""
+    import concurrent.futures
+
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+
+    from workbench.errors import CollectiveError
+
+    return (
+        CollectiveError,
+        KilledWorker,
+        FutureCancelledError,
+        concurrent.futures.CancelledError,
+        OSError,
+        TimeoutError,
+    )
 
 
 def _scheduler_lost(error: BaseException) -> bool:

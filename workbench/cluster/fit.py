@@ -21,8 +21,10 @@ import numpy as np
 from dask.task_spec import List, TaskRef
 
 from workbench.cluster.allreduce import step_delays
-from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
+from workbench.cluster.failures import restartable
+from workbench.cluster.health import StepDeadline
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
+from workbench.cluster.membership import Membership
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
@@ -31,19 +33,6 @@ from workbench.events import EventStream, Restarted, Synced
 from workbench.fitloop import FitRequest, StepOutcome
 from workbench.stragglers import coerce as coerce_stragglers
 from workbench.training import batch_indices, is_dask_array
-
-
-def _infrastructure_errors() -> tuple:
-    from distributed import KilledWorker
-
-    errors: list = [KilledWorker, concurrent.futures.CancelledError, OSError, TimeoutError]
-    try:
-        from distributed.client import FutureCancelledError
-
-        errors.append(FutureCancelledError)
-    except ImportError:  # pragma: no cover - older distributed
-        pass
-    return tuple(errors)
 
 
 class ParameterServer:
@@ -67,7 +56,8 @@ class ParameterServer:
         self.workers = options.worker_count(client)
         self.window, self.sync_every = options.window, options.sync_every
         self.deadline = StepDeadline(options.step_timeout)
-        self.excluded: dict[str, float] = {}  # workers left out after they stopped answering: seconds silent
+        self.membership = Membership(client, options.workers, self.deadline)
+        self.excluded = self.membership.left_out  # workers left out after they stopped answering: seconds silent
         self.worker_addresses, self.backups = options.workers, options.backup_replicas
         self.reason = options.reason  # why fit chose this strategy, if it did
         self.program = TrainingProgram.for_fit(request)
@@ -80,7 +70,7 @@ class ParameterServer:
         self.stragglers = coerce_stragglers(request.stragglers, self.replicas + self.backups)
         self.decided: dict[int, tuple] = {}  # backups: step -> (replicas used, wall time the step went on)
         self.restarts = 0
-        self._transient = _infrastructure_errors()
+        self._transient = restartable()
 
     # -- the StepEngine seam ------------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
@@ -172,9 +162,8 @@ class ParameterServer:
         """
         if self.client.status != "running":
             raise error
-        candidates = [w for w in self._workers_now() if w not in self.excluded]
-        silent = silent_workers(self.client, candidates, silence_threshold(self.deadline.seconds))
-        self.excluded.update(silent)
+        candidates = self._workers_now()
+        silent = self.membership.leave_out_silent(candidates, self.deadline.seconds)
         if silent and not [w for w in candidates if w not in silent]:
             named = ", ".join(f"{w} (silent for {s:.0f} s)" for w, s in sorted(self.excluded.items()))
             raise ClusterError(
@@ -186,18 +175,11 @@ class ParameterServer:
 
     def _workers_now(self) -> list:
         """The workers this fit may use now (the ones asked for, or all), without those left out."""
-        known = self.worker_addresses or sorted(scheduler_workers(self.client, self.deadline.seconds))
-        return [w for w in known if w not in self.excluded]
+        return self.membership.workers(listed=False)
 
     def _placement(self) -> tuple | None:
-        """Where data and tasks may go: None (anywhere, or the ``workers`` asked for) until a
-        worker is left out, then the workers left."""
-        if not self.excluded:
-            return self.worker_addresses
-        left = tuple(self._workers_now())
-        if not left:
-            raise ClusterError(f"no worker is left: {', '.join(sorted(self.excluded))} stopped answering")
-        return left
+        """Where data and tasks may go (see :meth:`Membership.placement`)."""
+        return self.membership.placement()
 
     def _scatter(self, variables: dict, step: int) -> None:
         client, where, timeout = self.client, self._placement(), self.deadline.seconds

@@ -14,16 +14,16 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.cluster import failures
-from workbench.cluster.allreduce import AllReduceEngine, step_delays
+from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.lower import allreduce_calls, allreduce_key
+from workbench.cluster.coordinated import Coordinated
+from workbench.cluster.lower import allreduce_key
 from workbench.cluster.program import worker_device
 from workbench.cluster.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
 from workbench.errors import ClusterError
 from workbench.graph.batch_reduction import fetch_reduction
 from workbench.strategies.program import ReplicaProgram
 from workbench.stragglers import coerce as coerce_stragglers
-from workbench.training import batch_indices
 
 #: Checkpoint members of every rank's own state: ``replicas/<rank>/<name>``, as the simulation names them.
 PREFIX = "replicas/"
@@ -51,11 +51,13 @@ def strategy_program(request, program: ReplicaProgram) -> StrategyProgram:
         seed=request.seed,
         device=device,
         device_options=options,
+        stats=tuple(request.stats.values()),
     )
 
 
-class StrategyEngine(AllReduceEngine):
-    """:class:`AllReduceEngine` whose members run a strategy function's replica program."""
+class StrategyEngine(Coordinated, AllReduceEngine):
+    """:class:`AllReduceEngine` whose members run a strategy function's replica program, its steps
+    driven by the coordinator (:mod:`workbench.cluster.coordinated`)."""
 
     def __init__(self, client, program: StrategyProgram, replica_program: ReplicaProgram, graph_variables, **kwargs):
         self.replica_program = replica_program
@@ -94,9 +96,11 @@ class StrategyEngine(AllReduceEngine):
             return states
         return [self.host[0]] * len(states)
 
+    def _bring_home(self, step: int, results: list[dict]) -> None:
+        self.rank_states = ([r["variables"] for r in results], step)  # every rank's own, for the next generation
+        super()._bring_home(step, results)
+
     def _outcome(self, step: int, results: list[dict]):
-        if "variables" in results[0]:
-            self.rank_states = ([r["variables"] for r in results], step)
         outcome = super()._outcome(step, results)
         outcome.metrics["collectives"] = max(r["collectives"] for r in results)
         return outcome
@@ -128,6 +132,7 @@ class StrategyEngine(AllReduceEngine):
                     self.group,
                     0,
                     *data,
+                    lease=self.lease,
                     key=allreduce_key(self.name, "start", i, token),
                     workers=[worker],
                     allow_other_workers=False,
@@ -136,26 +141,10 @@ class StrategyEngine(AllReduceEngine):
                 )
             )
 
-    def _submit(self, step: int, sync: bool) -> None:
-        index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
-        group, futures = self.group, []
-        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
-        delays = step_delays(self.stragglers, step, group.size)
-        for (key, args), worker, delay in zip(calls, group.addresses, delays, strict=True):
-            args = (*args[:7], sync, *args[8:])  # every rank brings its state home at a sync, not rank 0 alone
-            futures.append(
-                self.client.submit(
-                    run_strategy_step,
-                    *args,
-                    delay=delay,
-                    key=key,
-                    workers=[worker],
-                    allow_other_workers=False,
-                    priority=-step,
-                    pure=False,
-                )
-            )
-        self.flight.append((step, futures))
+    def _step_task(self, rank: int, args: tuple, sync: bool, stats_due: bool) -> tuple:
+        """Every rank brings its state home at a sync (not rank 0 alone): replicas may differ between
+        averaging steps (local SGD's optimizer slots). Rank 0 reports the model's statistics."""
+        return run_strategy_step, (*args[:7], sync, *args[8:]), {"stats": stats_due and rank == 0}
 
 
 def make(request, client, options, events, strategy):
@@ -202,5 +191,7 @@ def make(request, client, options, events, strategy):
             events=events,
             reason=options.reason,
             stragglers=stragglers,
+            stats_labels=list(request.stats),
+            stats_every=request.stats_every,
         )
     return engine

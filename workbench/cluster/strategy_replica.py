@@ -26,11 +26,12 @@ import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.program import open_worker_device, take_rows
-from workbench.cluster.replica import _LOCK, _REPLICAS, leave_thread_pool
+from workbench.cluster.replica import _LOCK, _REPLICAS, _current_key, _watch_leases, leave_thread_pool
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import weighted
 from workbench.graph.compile import compile_plan
 from workbench.graph.core import Graph
+from workbench.graph.schedule import BUCKET_BYTES
 from workbench.strategies.program import UPDATE
 
 
@@ -57,7 +58,12 @@ class StrategyProgram:
     device, device_options :
         As :class:`~workbench.cluster.program.TrainingProgram`'s (CPU workers).
     stats : tuple
-        Statistic ops computed with the steps: none (``fit(stats=...)`` is refused for strategy functions).
+        The model's statistic ops (``fit(stats=k)``): on the steps that report them, rank 0 also
+        computes them, on its shard, before the update (what the all-reduce engine reports).
+    bucket_bytes : int or None
+        The plans start their sum and mean all-reduces in flat buckets of about this many bytes, in the
+        order the backward pass makes their inputs (:mod:`workbench.graph.schedule`; the all-reduce
+        engine's buckets); None: one reduction per collective op.
     """
 
     strategy: str
@@ -73,22 +79,28 @@ class StrategyProgram:
     device: str = "cpu"
     device_options: tuple = ()
     stats: tuple = ()
+    bucket_bytes: int | None = BUCKET_BYTES
 
     def due(self, step: int) -> tuple:
         return tuple(k for k in self.periods if step % k == 0)
 
 
 class _Waiting:
-    """A collective in flight on the communicator; :meth:`wait` gives this rank's result."""
+    """A collective in flight on the communicator; :meth:`wait` gives this rank's result as soon as
+    it is summed (peers may still be reading what this rank sent: the replica waits for that before
+    its next step, off this step's critical path, as the all-reduce engine does)."""
 
     __slots__ = ("handle", "finish", "comm")
 
     def __init__(self, handle, finish, comm):
         self.handle, self.finish, self.comm = handle, finish, comm
 
+    def done(self) -> bool:
+        return self.handle.done()
+
     def wait(self, timeout: float | None = None):
         started = time.perf_counter()
-        flat = self.handle.wait(timeout)
+        flat = self.handle.summed(timeout)
         self.comm.wait_seconds += time.perf_counter() - started
         return self.finish(flat)
 
@@ -101,7 +113,9 @@ class WorkerComm:
         self.rank, self.size = comm.rank, comm.size
         self.calls = self.collectives = 0
         self.wait_seconds = 0.0
+        self.handles: list = []  # every reduction of the run, settled before the next one
         self.delay, self.ready_wall = float(delay), None
+        self.weight = 1.0  # this replica's share of the loss (r.weight): what weighted collectives scale by
 
     def hand_in(self) -> None:
         """Once a step, before this rank's first collective (or at its end): a straggler's delay
@@ -116,12 +130,13 @@ class WorkerComm:
         value = np.asarray(value)
         bucket = f"{self.step}.s{self.calls}"  # every rank runs the same plan: the n-th collectives match
         self.calls += 1
-        self.collectives += 1
+        self.collectives += attrs.get("members", 1)  # a bucket of the plan carries several collective ops
         shape, size, op = value.shape, self.size, attrs.get("op")
         if kind == "all_reduce" and op in ("sum", "mean"):
-            flat = np.array(value, copy=True).reshape(-1)  # the communicator reduces into its own array
+            # the communicator reduces into its own array: the plan's fresh bucket, or a copy
+            flat = value.reshape(-1) if attrs.get("owned") else np.array(value, copy=True).reshape(-1)
             scale = 1.0 / size if op == "mean" and size > 1 else None
-            return _Waiting(self.comm.start(bucket, flat, scale), lambda f: f.reshape(shape), self)
+            return self._started(self.comm.start(bucket, flat, scale), lambda f: f.reshape(shape))
         if kind == "broadcast":  # the root's value plus everyone else's zeros
             flat = (np.array(value, copy=True) if self.rank == attrs["root"] else np.zeros_like(value)).reshape(-1)
         else:  # each rank's value in its own row, zeros elsewhere: the sum gathers them
@@ -133,7 +148,11 @@ class WorkerComm:
             "broadcast": lambda f: f.reshape(shape),
             "all_reduce": lambda f: _extreme(op, f.reshape(size, *shape)),
         }[kind]
-        return _Waiting(self.comm.start(bucket, flat), finish, self)
+        return self._started(self.comm.start(bucket, flat), finish)
+
+    def _started(self, handle, finish) -> _Waiting:
+        self.handles.append(handle)
+        return _Waiting(handle, finish, self)
 
 
 def _extreme(op: str, rows: np.ndarray) -> np.ndarray:
@@ -153,17 +172,48 @@ class StrategyReplica:
         self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}
         self.step, self.failed = step, None
         self.turn = threading.Condition()
+        self.settling: list = []  # the last step's reductions, until the peers have read what this rank sent
+        # the lease (see workbench.cluster.replica.expired): held while the start task is wanted
+        self.start_key, self.lease, self.used, self._running = None, 0.0, time.monotonic(), False
         device = open_worker_device(program.device, program.device_options)
         inputs = dict(program.inputs)
         fed = [*program.feeds, *inputs.values()]
-        self.plans = {}
+        self.plans, self.stats_plans = {}, {}
         for due, text in program.variants:
             graph = Graph.from_json(text)
-            self.plans[tuple(due)] = compile_plan(
-                graph, [UPDATE, *program.fetches], fed, device, state=self.variables, seed=program.seed, own_state=True
-            )
+            self.plans[tuple(due)] = self._compile(graph, [UPDATE, *program.fetches], fed, device)
+            if program.stats and self.comm.rank == 0:  # the steps that report the model's statistics
+                self.stats_plans[tuple(due)] = self._compile(
+                    graph, [UPDATE, *program.fetches, *program.stats], fed, device
+                )
 
-    def run(self, step: int, rows, offset: int, fetch_weight: float, sync: bool, delay: float = 0.0) -> dict:
+    def _compile(self, graph: Graph, fetches: list, fed: list, device):
+        program = self.program
+        return compile_plan(
+            graph,
+            fetches,
+            fed,
+            device,
+            state=self.variables,
+            seed=program.seed,
+            own_state=True,
+            bucket_bytes=program.bucket_bytes,
+        )
+
+    def run(
+        self, step: int, rows, offset: int, fetch_weight: float, sync: bool, stats: bool = False, delay: float = 0.0
+    ) -> dict:
+        self.used, self._running = time.monotonic(), True
+        try:
+            return self._run_in_turn(step, rows, offset, fetch_weight, sync, stats, delay)
+        finally:
+            self.used, self._running = time.monotonic(), False
+
+    def turn_busy(self) -> bool:
+        """Whether a step runs now (its lease does not end while it does)."""
+        return self._running
+
+    def _run_in_turn(self, step, rows, offset: int, fetch_weight: float, sync: bool, stats: bool, delay: float) -> dict:
         with self.turn:  # steps run in order (a later step that started early waits, bounded)
             ready = self.turn.wait_for(lambda: self.failed or self.step >= step - 1, timeout=self.group.timeout)
         if self.failed:
@@ -171,7 +221,7 @@ class StrategyReplica:
         if not ready or self.step != step - 1:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
         try:
-            return self._run(step, rows, offset, fetch_weight, sync, delay)
+            return self._run(step, rows, offset, fetch_weight, sync, stats, delay)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
@@ -179,11 +229,15 @@ class StrategyReplica:
             with self.turn:
                 self.turn.notify_all()
 
-    def _run(self, step, rows, offset, fetch_weight, sync, delay=0.0) -> dict:
+    def _run(self, step, rows, offset, fetch_weight, sync, stats=False, delay=0.0) -> dict:
         program, inputs = self.program, dict(self.program.inputs)
-        plan = self.plans[program.due(step)]
+        due = program.due(step)
+        stats = stats and due in self.stats_plans
+        plan = self.stats_plans[due] if stats else self.plans[due]
         if len(_REPLICAS) > 1 and self.comm.size > 1:
             leave_thread_pool()  # waits for peers while another run shares this worker
+        for handle in self.settling:  # the last step's arrays are free once peers have read them
+            handle.wait(self.group.timeout)
         started, start_wall = time.perf_counter(), time.time()
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
         feeds = {name: take_rows(source, rows) for name, source in zip(program.feeds, self.data, strict=True)}
@@ -195,10 +249,12 @@ class StrategyReplica:
         comm.weight = float(weight)  # what weighted collectives scale by (cross_replica_sum's gradient)
         values = plan.run([feeds[n] for n in plan.feed_names], step=step - 1, row_offset=offset, comm=comm)
         comm.hand_in()  # a step without collectives: late at its end
+        self.settling = comm.handles
         self.step = step
+        m = 1 + len(program.fetches)
         fetches = [
             weighted(r, np.array(v, copy=True), fetch_weight)
-            for r, v in zip(program.fetch_reductions, values[1:], strict=True)
+            for r, v in zip(program.fetch_reductions, values[1:m], strict=True)
         ]
         seconds = time.perf_counter() - started
         result = {
@@ -216,6 +272,8 @@ class StrategyReplica:
             "start_wall": start_wall,
             "ready_wall": comm.ready_wall,
         }
+        if stats:  # this replica's shard's statistics, as the all-reduce engine reports them
+            result["stats"] = [float(np.asarray(v)) for v in values[m:]]
         if sync:  # every rank: replicas may differ between averaging steps (local SGD's optimizer slots)
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         return result
@@ -228,11 +286,14 @@ class StrategyReplica:
 
 
 def start_strategy_replica(
-    program: StrategyProgram, variables: dict, step: int, group: CollectiveGroup, _bucket, *data
+    program: StrategyProgram, variables: dict, step: int, group: CollectiveGroup, _bucket, *data, lease: float = 0.0
 ):
-    """Make this worker's replica of ``group``'s run (dropping older generations of the same run)."""
+    """Make this worker's replica of ``group``'s run (dropping older generations of the same run); its
+    lease is the all-reduce engine's (see :func:`workbench.cluster.replica.start_replica`)."""
     run = group.token.rsplit(".", 1)[0]
     replica = StrategyReplica(program, variables, step, group, data)
+    replica.start_key, replica.lease = _current_key(), float(lease or 0.0)
+    _watch_leases()
     with _LOCK:  # the all-reduce engine's table: its stop_replicas and thread-pool rule cover these too
         for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(token).close()
@@ -241,11 +302,22 @@ def start_strategy_replica(
 
 
 def run_strategy_step(
-    token: str, step: int, rows, offset: int, _weight, _scale, fetch_weight, sync, _started, delay: float = 0.0
+    token: str,
+    step: int,
+    rows,
+    offset: int,
+    _weight,
+    _scale,
+    fetch_weight,
+    sync,
+    _started,
+    stats: bool = False,
+    delay: float = 0.0,
 ):
     """One replica's step ``step`` (the arguments of :func:`workbench.cluster.lower.allreduce_calls`;
-    ``delay``: the seconds it is made late, see :meth:`WorkerComm.hand_in`)."""
+    ``stats``: also report the model's statistics; ``delay``: the seconds it is made late, see
+    :meth:`WorkerComm.hand_in`)."""
     replica = _REPLICAS.get(token)
     if not isinstance(replica, StrategyReplica):
         raise CollectiveError(f"no strategy replica of run {token!r} on this worker (restarted?)")
-    return replica.run(step, rows, offset, fetch_weight, sync, delay)
+    return replica.run(step, rows, offset, fetch_weight, sync, stats, delay)

@@ -33,6 +33,7 @@ def compile_plan(
     seed: int = 0,
     own_state: bool = False,
     optimized: bool = False,
+    bucket_bytes: int | None = None,
 ) -> Plan:
     """A plan computing ``fetches`` of ``graph`` from the placeholders ``fed``, for ``device``.
 
@@ -53,6 +54,8 @@ def compile_plan(
     optimized : bool
         ``graph`` is already pruned and optimized for these fetches (a graph the
         cluster client shipped): only the device's rewrite runs.
+    bucket_bytes : int, optional
+        Bucket the plan's sum and mean all-reduces (see :class:`~workbench.graph.plan.Plan`).
 
     Examples
     --------
@@ -81,7 +84,17 @@ def compile_plan(
     order = [op.name for op in placeholders]
     state = {} if state is None else state
     compilers = device.fused_compilers
-    return Plan(pruned, fetches, order, device.xp, state, seed=seed, own_state=own_state, compilers=compilers)
+    return Plan(
+        pruned,
+        fetches,
+        order,
+        device.xp,
+        state,
+        seed=seed,
+        own_state=own_state,
+        compilers=compilers,
+        bucket_bytes=bucket_bytes,
+    )
 
 
 def feed_signature(feeds: Mapping[str, Any]) -> tuple:

@@ -25,7 +25,7 @@ from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.buffers import _copy, _disjoint, _holds_result, _Lifetimes, _owned, _same_memory, _shared, _viewed
 from workbench.graph.rng import generator
-from workbench.graph.schedule import HandleSlot, schedule_collectives, wait
+from workbench.graph.schedule import HandleSlot, schedule_collectives, start_bucket, wait
 from workbench.ops.collective import SOLO
 from workbench.ops.fused import FUSED
 
@@ -64,6 +64,9 @@ class Plan:
         Variable updates may write into the variables' arrays (see the module notes).
     compilers : sequence of callables
         The device's compilers of fused elementwise programs (:mod:`workbench.ops.fused`).
+    bucket_bytes : int, optional
+        Start consecutive sum and mean all-reduces as flat buckets of about this many bytes
+        (:mod:`workbench.graph.schedule`); default: one communicator call per collective op.
 
     Attributes
     ----------
@@ -71,6 +74,9 @@ class Plan:
         The placeholders :meth:`run` takes values for, in order, and the fetches it returns.
     runs : int
         Runs so far (read-only).
+    buckets : dict
+        The position (in :attr:`steps`) of each bucket of all-reduces' start, and its
+        :class:`~workbench.graph.schedule.CollectiveBucket` (none without ``bucket_bytes``).
 
     Build plans with :func:`workbench.graph.compile.compile_plan`, which prunes,
     optimizes and rewrites the graph for a device first.
@@ -86,6 +92,7 @@ class Plan:
         seed: int = 0,
         own_state: bool = False,
         compilers: Sequence[Callable] = (),
+        bucket_bytes: int | None = None,
     ):
         self.graph, self.xp, self.state, self.seed = graph, xp, state, seed
         self.own_state = own_state
@@ -125,7 +132,8 @@ class Plan:
             elif op.opdef.kernel is not None:
                 ins = [slot_of[t] for t in op.inputs]
                 step_io.append((op, ins, [new_slot(t) for t in op.outputs]))
-        step_io, self._starts = schedule_collectives(step_io)
+        step_io, self._starts, buckets = schedule_collectives(step_io, bucket_bytes)
+        self.buckets = buckets  # position of a bucket's start -> its CollectiveBucket
         self.feed_slots = [feed_slots[name] for name in feeds]
         self.fetch_slots = []
         for name in fetches:
@@ -138,7 +146,9 @@ class Plan:
             else:
                 get = itemgetter(slice(ins[0], ins[0] + 1)) if ins else _nothing
             donors = lifetimes.donors(i, op, ins, outs)
-            if op.opdef.collective:
+            if i in buckets:
+                fn = self._bind_bucket(buckets[i])
+            elif op.opdef.collective:
                 fn = self._bind_start(op) if i in self._starts else wait
             else:
                 fn = self._bind(op, lifetimes.update_guard(i) if op.opdef.stateful else lifetimes.guard(i), donors)
@@ -203,6 +213,15 @@ class Plan:
                 return _Unweighted(plan._comm.start(kind, xp, value * share, **attrs), share)
 
         return start_step
+
+    def _bind_bucket(self, bucket) -> Callable:
+        """The start of a bucket of all-reduces: one flat array to the run's communicator, a handle per member."""
+        plan, xp, replicas = self, self.xp, bucket.ops[-1].attrs.get("replicas")
+
+        def bucket_start(*values):
+            return start_bucket(plan._comm, xp, bucket, replicas, values)
+
+        return bucket_start
 
     def _bind_update(self, op: Operation, kernel: Callable, guard: tuple[int, ...]) -> Callable:
         """A variable update: replaces ``state[name]``; in place when the plan owns the state,
@@ -410,8 +429,12 @@ class Plan:
                 raise
             except Exception as e:
                 raise kernel_error(op, e) from e
-            if i in self._starts:  # a handle: the values are checked where the collective is waited for
-                slots[out] = result
+            if i in self._starts:  # handles: the values are checked where the collective is waited for
+                if out.__class__ is int:
+                    slots[out] = result
+                else:  # a bucket's start: a handle per member
+                    for o, r in zip(out, result, strict=True):
+                        slots[o] = r
                 continue
             results = (result,) if out.__class__ is int else tuple(result)
             for o, r, t in zip((out,) if out.__class__ is int else out, results, op.outputs):

@@ -11,7 +11,10 @@ replicated fit they act as R = 1: ``all_reduce`` and ``broadcast`` are the ident
 A communicator has ``rank``, ``size`` and ``start(kind, xp, value, **attrs) -> handle``;
 ``handle.wait()`` returns this rank's result (an array of its own). The plan calls ``start``
 as soon as the input exists and ``wait`` at the first consumer (:mod:`workbench.graph.plan`),
-so communication overlaps the rest of the run.
+so communication overlaps the rest of the run. A plan that buckets its all-reduces
+(``compile_plan(..., bucket_bytes=...)``, :mod:`workbench.graph.schedule`) starts one flat array
+for several ops, with two more attributes: ``members`` (how many collective ops it carries) and
+``owned`` (the array is the plan's fresh copy: the communicator may reduce into it).
 
 Sums are taken in the fixed pairwise order of the cluster's collective
 (:func:`pairwise_sum`: ``(g0 + g1) + (g2 + g3) ...`` over the ranks), so every replica holds

@@ -1,0 +1,120 @@
+"""The run loop of an engine whose replicas live on the workers, as a thin shell around the coordinator.
+
+:class:`~workbench.cluster.sync.Coordinator` (plain code, tested without a cluster) decides what to
+submit, record, bring home, leave out and redo; :class:`Coordinated` carries its instructions out
+with an :class:`~workbench.cluster.allreduce.AllReduceEngine`'s methods (``_submit``, ``_gather``,
+``_launch``, ``_drop``) and feeds it what happened: a step's results, a failure (with the members the
+scheduler stopped hearing from, :class:`~workbench.cluster.membership.Membership`). The coordinator
+runs with ``hold_at_sync=False``: the step tasks of a sync point bring its variables home with their
+results, so the window stays full across syncs.
+
+Mixed in before the engine (``class StrategyEngine(Coordinated, AllReduceEngine)``), it replaces the
+engine's own ``run``; everything else is the engine's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from workbench.cluster.sync import Coordinator, Finish, LeaveOut, Record, Restart, Submit, Sync
+from workbench.errors import ClusterError
+from workbench.events import Restarted, Synced
+from workbench.fitloop import StepOutcome
+
+
+class Coordinated:
+    """``run`` for an :class:`~workbench.cluster.allreduce.AllReduceEngine`, driven by the coordinator."""
+
+    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
+        """Run steps ``first..last``; yields one outcome per step, in order, each step once. A step where
+        ``sync_at(step)`` is true is yielded once its variables are home (see :meth:`variables`)."""
+        if self.host is None:
+            raise ClusterError("start(variables, step) comes before run()")
+        coordinator = Coordinator(
+            first - 1,
+            last,
+            window=self.window,
+            sync_every=self.sync_every,
+            max_restarts=self.max_restarts,
+            sync_at=sync_at,
+            hold_at_sync=False,
+        )
+        coordinator.restarts = self.restarts
+        self._results: tuple | None = None  # (step, the members' results) of the step just gathered
+        self._silent, self._error = {}, None  # of the last failure
+        todo, outcomes = deque(coordinator.start()), deque()
+        while True:
+            finished = self._carry_out(todo, coordinator, outcomes)
+            while outcomes and (not sync_at(outcomes[0].step) or self.host[1] >= outcomes[0].step):
+                yield outcomes.popleft()
+            if finished:
+                return
+            todo.extend(self._next(coordinator))
+
+    def _carry_out(self, todo: deque, coordinator: Coordinator, outcomes: deque) -> bool:
+        """Carry out the coordinator's instructions; True once it says Finish."""
+        while todo:
+            instruction = todo.popleft()
+            try:
+                if isinstance(instruction, Submit):
+                    self._submit(instruction.step, instruction.sync)
+                elif isinstance(instruction, Record):
+                    outcomes.append(self._outcome(instruction.step, self._results[1]))
+                elif isinstance(instruction, Sync):
+                    self._bring_home(instruction.step, self._results[1])
+                    todo.extend(coordinator.synced(instruction.step))
+                elif isinstance(instruction, LeaveOut):
+                    self.membership.leave_out(instruction.workers, self._silent)
+                elif isinstance(instruction, Restart):
+                    self._relaunch(instruction)
+                elif isinstance(instruction, Finish):
+                    return True
+            except self._transient as e:  # a relaunch that failed too (a second worker died meanwhile)
+                todo.clear()
+                todo.extend(self._failed(coordinator, getattr(instruction, "step", coordinator.done), e))
+        return False
+
+    def _next(self, coordinator: Coordinator) -> list:
+        """Wait for the oldest step in flight; the coordinator's next instructions."""
+        step, futures = self.flight[0]
+        try:
+            results = self._gather(step, futures)
+        except self._transient as e:
+            return self._failed(coordinator, step, e)
+        self.flight.popleft()
+        self._results = (step, results)
+        return coordinator.step_done(step, None)
+
+    def _failed(self, coordinator: Coordinator, step: int, error: BaseException) -> list:
+        """Lost work: drop what is in flight, ask which members went silent, and let the coordinator say."""
+        self._cancel()
+        self._error = error
+        waited = min(self.deadline.seconds, self.timeout)
+        addresses = self.group.addresses if self.group is not None else ()
+        self._silent = self.membership.silent(addresses, waited)
+        try:
+            return coordinator.failed(step, error, self._silent)  # a ClusterError past max_restarts
+        finally:
+            self.restarts = coordinator.restarts
+
+    def _relaunch(self, restart: Restart) -> None:
+        """A new generation on the workers left, from the host copy of ``restart.step``."""
+        addresses = self.group.addresses if self.group is not None else ()
+        if addresses and not set(addresses) & set(self.membership.left_out):  # a dead member, if any,
+            self.membership.wait_for_departures(addresses, min(5.0, self.timeout))  # is gone in a moment
+        self.deadline.restarted()
+        self._drop()
+        if self.events is not None:
+            self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
+        try:
+            members = self.membership.choose(self.max_replicas)
+        except ClusterError as e:
+            raise e from self._error  # none left: say what made the fit give up on them
+        self._launch(members)
+
+    def _bring_home(self, step: int, results: list[dict]) -> None:
+        """Step ``step``'s results hold its variables: the new host copy."""
+        self.host = (results[0]["variables"], step)
+        if self.events is not None:
+            self.events.emit(Synced, step=step)
