@@ -53,3 +53,15 @@ def test_async_without_a_cluster_says_where_it_trains():
         assert "async" in str(e)
     else:  # the one-process simulation of asynchronous SGD
         assert len(history.records) == 2
+
+
+def test_the_training_model_counts_dropped_replicas_from_lists():
+    from workbench.events import FitStarted, Step
+    from workbench.widgets.training_view import TrainingModel
+
+    model = TrainingModel()
+    model.handle(FitStarted(steps=3, batch_size=8, fetches=("loss",)), 0.0)
+    for step, dropped in ((1, [2]), (2, [0]), (3, [])):
+        event = Step(step=step, time=0.1, samples_per_s=80.0, fetches={"loss": 1.0}, metrics={"dropped": dropped})
+        model.handle(event, 0.1 * step)
+    assert model.snapshot()["dropped"] == 2

@@ -111,7 +111,7 @@ def test_three_workers_equal_local_training_and_the_simulation(kit, client3):
 def test_an_unknown_name_on_a_cluster_lists_engines_and_strategies(kit, client):
     with pytest.raises(
         wb.ClusterError,
-        match=r"unknown strategy 'nope'; strategies are allreduce, parameter_server \(cluster engines\) and .*diloco",
+        match=r"unknown strategy 'nope'; strategies are allreduce, async, parameter_server \(cluster engines\) and .*diloco",
     ):
         fit(kit, client, "nope", replicas=2)
 

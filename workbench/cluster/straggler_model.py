@@ -17,6 +17,8 @@ True
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 #: Monte Carlo draws of a step (one per simulated step).
@@ -29,6 +31,7 @@ def arrival_statistic(delays, applied: int) -> float:
     return ordered[min(applied, len(ordered)) - 1] if ordered else 0.0
 
 
+@functools.lru_cache(maxsize=32)
 def delay_draws(stragglers, replicas: int, samples: int = SAMPLES) -> np.ndarray:
     """``samples x replicas`` delays: the distribution's draws for steps ``1..samples`` (fixed by its seed)."""
     return np.asarray([stragglers.delays(step, replicas) for step in range(1, samples + 1)], dtype=np.float64)
@@ -37,7 +40,7 @@ def delay_draws(stragglers, replicas: int, samples: int = SAMPLES) -> np.ndarray
 def straggled(step_seconds: float, stragglers, applied: int, backups: int = 0, samples: int = SAMPLES) -> dict:
     """A step of ``step_seconds`` without stragglers, under ``stragglers`` with ``applied + backups``
     replicas: ``median_step_seconds``, ``step_seconds`` (the mean) and ``p90_step_seconds``."""
-    draws = np.sort(delay_draws(stragglers, applied + backups, samples), axis=1)
+    draws = np.sort(delay_draws(stragglers, applied + backups, int(samples)), axis=1)
     steps = step_seconds + draws[:, applied - 1]
     return {
         "median_step_seconds": float(np.median(steps)),

@@ -112,7 +112,8 @@ class TrainingModel:
             for worker, seconds in metrics["workers"].items():
                 self.busy[worker] = self.busy.get(worker, 0.0) + float(seconds)
         self.replicas = metrics.get("replicas", self.replicas)
-        self.dropped += int(metrics.get("dropped") or 0)
+        dropped = metrics.get("dropped") or 0  # the replica ids a step did not use (a count from older engines)
+        self.dropped += len(dropped) if isinstance(dropped, (list, tuple)) else int(dropped)
         return False
 
     @handle.register
