@@ -14,7 +14,17 @@ ROOT = pathlib.Path(workbench.__file__).parent
 
 #: Module-name prefixes by layer, bottom first; a module may import its own layer and those below.
 LAYERS = [
-    ("base", ["workbench.errors", "workbench.events", "workbench.training", "workbench.datasets", "workbench.version"]),
+    (
+        "base",
+        [
+            "workbench.errors",
+            "workbench.events",
+            "workbench.training",
+            "workbench.timeline",
+            "workbench.datasets",
+            "workbench.version",
+        ],
+    ),
     ("ops", ["workbench.ops"]),
     (
         "graph",

@@ -43,6 +43,7 @@ from workbench.cluster.health import StepDeadline, scheduler_workers, silence_th
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
@@ -209,6 +210,7 @@ class AllReduceEngine:
     def start(self, variables: dict, step: int) -> None:
         """Place a replica of ``variables`` (the values after ``step``) on each worker."""
         self.host = ({n: np.array(v, copy=True) for n, v in variables.items()}, int(step))
+        self.lanes = Lanes(scheduler_now(self.client))  # each step's spans, on the scheduler's clock
         self._launch(self._members(self._candidates()))
 
     def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
@@ -449,6 +451,7 @@ class AllReduceEngine:
             "restarts": self.restarts,
             "tasks": len(results),
         }
+        metrics["spans"] = self.lanes.step(step, results)
         reported = next((r["stats"] for r in results if "stats" in r), None)
         stats = dict(zip(self.stats_labels, reported, strict=True)) if reported is not None else {}
         return StepOutcome(step, fetches, metrics, stats=stats)

@@ -33,6 +33,7 @@ import numpy as np
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
+from workbench.cluster.spans import injected_delay, new_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import Reduction, weighted
 from workbench.graph.compile import compile_plan
@@ -171,6 +172,7 @@ class Replica:
         self._missing[b] -= 1
         if self._missing[b] == 0:
             self._handles[b] = self.comm.start(f"{self._step}.{b}", self.flats[b], self._scale)
+            self._marks.arrived("gradients")  # the last bucket's start: when this rank handed its part in
 
     def run(
         self,
@@ -191,6 +193,7 @@ class Replica:
         also compute the program's statistic ops and return them (``"stats"``: this replica's values).
         """
         self.used, self._running = time.monotonic(), True
+        self._marks = new_marks()  # the step's spans (workbench.cluster.spans)
         try:
             self._wait_turn(step)
         except BaseException:
@@ -220,7 +223,10 @@ class Replica:
     def _run(self, step, rows, offset, weight, scale, fetch_weight, sync, stats=False) -> dict:
         for handle in self._settling:  # the buckets are ours to write again once peers have read them
             handle.wait(self.group.timeout)
-        started = time.perf_counter()
+        started, marks = time.perf_counter(), self._marks
+        began = time.time()
+        if injected_delay(self.comm.rank):  # tests: this rank made late
+            time.sleep(injected_delay(self.comm.rank))
         program, n = self.program, len(self.program.gradients)
         self.forward_state.clear()
         self.forward_state.update(self.variables)
@@ -246,15 +252,18 @@ class Replica:
         reductions = program.fetch_reductions or (Reduction("mean"),) * (m - n)
         fetches = [weighted(r, np.array(v, copy=True), fetch_weight) for v, r in zip(values[n:m], reductions)]
         reported = [float(np.asarray(v)) for v in values[m:]] if stats else None
-        computed = time.perf_counter()
+        computed, computed_at = time.perf_counter(), time.time()
         if not all(handle.done() for handle in self._handles):
             self._before_waiting()
         for handle in self._handles:  # the sums are in the buckets (read-only until the next step settles them)
             handle.summed(self.group.timeout)
         self._settling = self._handles
-        reduced = time.perf_counter()
+        reduced, reduced_at = time.perf_counter(), time.time()
         self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step
+        marks.phase("compute", began, computed_at)
+        marks.phase("collective", computed_at, reduced_at, "gradients")
+        marks.phase("update", reduced_at, time.time())
         result = {
             "step": step,
             "rank": self.comm.rank,
@@ -265,6 +274,7 @@ class Replica:
             "update_seconds": time.perf_counter() - reduced,
             "bytes_sent": self.comm.bytes_sent - sent,
             "bytes_received": self.comm.bytes_received - received,
+            "marks": marks.as_dict(),
         }
         if sync and self.comm.rank == 0:
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
