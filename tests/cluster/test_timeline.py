@@ -64,3 +64,32 @@ def test_allreduce_waits_are_blamed_on_the_late_replica(client3, kit, late_repli
     waits = [e for e in spans if e["name"] == "wait"]
     assert waits and all(e["args"]["waiting_for"] == late for e in waits if e["dur"] > 1e5)
     np.testing.assert_allclose(hist["loss"][-1], hist.records[-1]["loss"])
+
+
+def fit_timeline(client, kit, strategy, steps=6):
+    m = kit.mlp(hidden=16)
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    hist = sess.fit(m["train"], kit.blobs(), batch_size=24, steps=steps, fetches={"loss": m["loss"]}, strategy=strategy)
+    return hist.timeline()
+
+
+def test_parameter_server_steps_have_a_timeline(client3, kit):
+    timeline = fit_timeline(client3, kit, "parameter_server")
+    assert timeline.steps == list(range(1, 7)) and len(timeline.workers) >= 2
+    for step in timeline.steps:
+        phases = [s["phase"] for s in timeline.step(step).spans]
+        assert phases.count("compute") == 3 and phases.count("update") == 1
+        assert "communicate" in phases  # the reduction tree's sums
+    waits = [s for s in timeline.spans if s["phase"] == "wait"]
+    assert all(s["waiting_for"] in timeline.workers and s["waiting_for"] != s["worker"] for s in waits)
+    check_lanes(timeline)
+
+
+def test_strategy_function_steps_have_a_timeline(client3, kit):
+    timeline = fit_timeline(client3, kit, wb.strategies.local_sgd(every=2))
+    assert timeline.steps == list(range(1, 7)) and len(timeline.workers) == 3
+    for step in timeline.steps:
+        collective = [s for s in timeline.step(step).spans if s["phase"] in ("communicate", "wait")]
+        assert bool(collective) == (step % 2 == 0), step  # local SGD averages every 2nd step only
+        assert {s["worker"] for s in timeline.step(step).spans if s["phase"] == "compute"} == set(timeline.workers)
+    check_lanes(timeline)

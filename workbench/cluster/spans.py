@@ -93,6 +93,9 @@ def new_marks() -> Marks | _NoMarks:
     return Marks() if _TRACING[0] else _NO_MARKS
 
 
+REANCHOR = 0.25  # seconds: a worker's clock offset that moved further than this was set anew
+
+
 def _span(worker, replica, step, phase, start, end, **extra) -> dict:
     return {"worker": worker, "replica": replica, "step": step, "phase": phase, "start": start, "end": end, **extra}
 
@@ -109,6 +112,16 @@ class Lanes:
     def __init__(self, origin: float) -> None:
         self.origin = origin
         self.ends: dict[str, float] = {}
+        self.offsets: dict[str, float] = {}
+
+    def offset(self, worker: str, reported: float) -> float:
+        """The clock offset used for ``worker``: the first it reported, so that its lane keeps its own
+        clock's order (each heartbeat's estimate moves by a round trip's jitter); a new estimate
+        further than ``REANCHOR`` seconds from it (the machine's clock was set) replaces it."""
+        held = self.offsets.get(worker)
+        if held is None or abs(reported - held) > REANCHOR:
+            self.offsets[worker] = held = reported
+        return held
 
     def step(self, step: int, results: list[dict]) -> list[dict]:
         """The spans of ``step`` from its replicas' results (each with ``worker``, ``rank``, ``marks``)."""
@@ -121,12 +134,12 @@ class Lanes:
         return spans
 
     def _arrivals(self, result: dict) -> dict:
-        shift = result["marks"]["offset"] - self.origin
+        shift = self.offset(result["worker"], result["marks"]["offset"]) - self.origin
         return {k: t + shift for k, t in result["marks"]["arrivals"].items()}
 
     def _lane(self, step: int, result: dict, own: dict, peers: list) -> list[dict]:
         marks, worker, rank = result["marks"], result["worker"], result.get("rank", 0)
-        shift = marks["offset"] - self.origin
+        shift = self.offset(worker, marks["offset"]) - self.origin
         out: list[dict] = []
 
         def add(phase, start, end, **extra):
@@ -187,3 +200,52 @@ def delay_rank(rank: int, seconds: float) -> None:
 def injected_delay(rank: int) -> float:
     """What :func:`delay_rank` asked of ``rank`` (0.0 when nothing)."""
     return _DELAYS.get(rank, 0.0) if _DELAYS else 0.0
+
+
+# -- the parameter-server engine: one task per replica, a reduction tree and an update, per step ---------
+
+
+def task_mark(worker: str, phase: str, started: float, inputs=()) -> list:
+    """A finished task's mark: ``[worker, phase, start, end, offset, inputs]`` in the worker's clock with its
+    offset to the scheduler's; ``inputs`` are the marks of the tasks whose results it took (their worker
+    and end tell who it waited for)."""
+    return [worker, phase, started, time.time(), clock_offset(), [[m[0], m[3], m[4]] for m in inputs]]
+
+
+def task_spans(lanes: Lanes, step: int, marks: list) -> list[dict]:
+    """The spans of one parameter-server step from its tasks' marks (replica tasks first, in replica order).
+
+    A task that took another worker's result waited, from where its lane last ended until that result
+    was made, for that worker (the input made last); from then until it started, the result travelled
+    (``communicate``); other gaps in a lane are ``idle``.
+    """
+    spans: list[dict] = []
+    ranks: dict[str, int] = {}
+    for m in marks:
+        if m[1] == "compute":
+            ranks.setdefault(m[0], len(ranks))
+
+    def clock(worker, t, offset):
+        return t + lanes.offset(worker, offset) - lanes.origin
+
+    placed = sorted(
+        (clock(w, start, off), clock(w, end, off), w, phase, inputs) for w, phase, start, end, off, inputs in marks
+    )
+    for start, end, worker, phase, inputs in placed:
+        rank = ranks.get(worker, -1)
+        cursor = lanes.ends.get(worker, start)
+        start, end = max(start, cursor), max(end, cursor)
+        remote = [(clock(who, made, off), who) for who, made, off in inputs if who != worker]
+        if remote:
+            made, who = max(remote)
+            if made > cursor:
+                spans.append(_span(worker, rank, step, "wait", cursor, min(made, start), waiting_for=who))
+                cursor = min(made, start)
+            if start > cursor:
+                spans.append(_span(worker, rank, step, "communicate", cursor, start, detail="transfer"))
+        elif start > cursor:
+            spans.append(_span(worker, rank, step, "idle", cursor, start))
+        if end > start:
+            spans.append(_span(worker, rank, step, phase, start, end))
+        lanes.ends[worker] = max(end, lanes.ends.get(worker, end))
+    return [s for s in spans if s["end"] > s["start"]]

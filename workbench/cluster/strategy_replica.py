@@ -27,6 +27,7 @@ import numpy as np
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.program import open_worker_device, take_rows
 from workbench.cluster.replica import _LOCK, _REPLICAS, leave_thread_pool
+from workbench.cluster.spans import new_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import weighted
 from workbench.graph.compile import compile_plan
@@ -81,15 +82,16 @@ class StrategyProgram:
 class _Waiting:
     """A collective in flight on the communicator; :meth:`wait` gives this rank's result."""
 
-    __slots__ = ("handle", "finish", "comm")
+    __slots__ = ("handle", "finish", "comm", "bucket")
 
-    def __init__(self, handle, finish, comm):
-        self.handle, self.finish, self.comm = handle, finish, comm
+    def __init__(self, handle, finish, comm, bucket=""):
+        self.handle, self.finish, self.comm, self.bucket = handle, finish, comm, bucket
 
     def wait(self, timeout: float | None = None):
-        started = time.perf_counter()
+        started, began = time.perf_counter(), time.time()
         flat = self.handle.wait(timeout)
         self.comm.wait_seconds += time.perf_counter() - started
+        self.comm.waited(self.bucket, began)
         return self.finish(flat)
 
 
@@ -101,17 +103,27 @@ class WorkerComm:
         self.rank, self.size = comm.rank, comm.size
         self.calls = self.collectives = 0
         self.wait_seconds = 0.0
+        self.marks = new_marks()  # the step's spans (workbench.cluster.spans)
+        self.cursor = getattr(self.marks, "begin", 0.0)
+
+    def waited(self, bucket: str, began: float) -> None:
+        """A wait for collective ``bucket`` from ``began`` until now: compute until then, then the collective."""
+        now = time.time()
+        self.marks.phase("compute", self.cursor, began)
+        self.marks.phase("collective", began, now, bucket)
+        self.cursor = now
 
     def start(self, kind: str, xp, value, **attrs) -> _Waiting:
         value = np.asarray(value)
         bucket = f"{self.step}.s{self.calls}"  # every rank runs the same plan: the n-th collectives match
         self.calls += 1
+        self.marks.arrived(bucket)
         self.collectives += 1
         shape, size, op = value.shape, self.size, attrs.get("op")
         if kind == "all_reduce" and op in ("sum", "mean"):
             flat = np.array(value, copy=True).reshape(-1)  # the communicator reduces into its own array
             scale = 1.0 / size if op == "mean" and size > 1 else None
-            return _Waiting(self.comm.start(bucket, flat, scale), lambda f: f.reshape(shape), self)
+            return _Waiting(self.comm.start(bucket, flat, scale), lambda f: f.reshape(shape), self, bucket)
         if kind == "broadcast":  # the root's value plus everyone else's zeros
             flat = (np.array(value, copy=True) if self.rank == attrs["root"] else np.zeros_like(value)).reshape(-1)
         else:  # each rank's value in its own row, zeros elsewhere: the sum gathers them
@@ -123,7 +135,7 @@ class WorkerComm:
             "broadcast": lambda f: f.reshape(shape),
             "all_reduce": lambda f: _extreme(op, f.reshape(size, *shape)),
         }[kind]
-        return _Waiting(self.comm.start(bucket, flat), finish, self)
+        return _Waiting(self.comm.start(bucket, flat), finish, self, bucket)
 
 
 def _extreme(op: str, rows: np.ndarray) -> np.ndarray:
@@ -189,6 +201,7 @@ class StrategyReplica:
             for r, v in zip(program.fetch_reductions, values[1:], strict=True)
         ]
         seconds = time.perf_counter() - started
+        comm.marks.phase("compute", comm.cursor, time.time())
         result = {
             "step": step,
             "rank": self.comm.rank,
@@ -200,6 +213,7 @@ class StrategyReplica:
             "bytes_sent": self.comm.bytes_sent - sent,
             "bytes_received": self.comm.bytes_received - received,
             "collectives": comm.collectives,
+            "marks": comm.marks.as_dict(),
         }
         if sync:  # every rank: replicas may differ between averaging steps (local SGD's optimizer slots)
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
