@@ -21,6 +21,7 @@ LAYERS = [
             "workbench.events",
             "workbench.training",
             "workbench.timeline",
+            "workbench.spans",
             "workbench.datasets",
             "workbench.version",
         ],

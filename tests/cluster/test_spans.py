@@ -1,6 +1,6 @@
 """Spans laid out from replicas' marks, without a cluster: clock offsets, waits blamed, lanes in order."""
 
-from workbench.cluster.spans import Lanes, Marks
+from workbench.spans import Lanes, Marks
 from workbench.timeline import Timeline
 
 

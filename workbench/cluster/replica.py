@@ -33,7 +33,7 @@ import numpy as np
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
-from workbench.cluster.spans import injected_delay, new_marks
+from workbench.cluster.spans import injected_delay, worker_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import Reduction, weighted
 from workbench.graph.compile import compile_plan
@@ -193,7 +193,7 @@ class Replica:
         also compute the program's statistic ops and return them (``"stats"``: this replica's values).
         """
         self.used, self._running = time.monotonic(), True
-        self._marks = new_marks()  # the step's spans (workbench.cluster.spans)
+        self._marks = worker_marks()  # the step's spans (workbench.cluster.spans)
         try:
             self._wait_turn(step)
         except BaseException:

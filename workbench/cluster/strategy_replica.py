@@ -27,7 +27,7 @@ import numpy as np
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.program import open_worker_device, take_rows
 from workbench.cluster.replica import _LOCK, _REPLICAS, leave_thread_pool
-from workbench.cluster.spans import new_marks
+from workbench.cluster.spans import worker_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import weighted
 from workbench.graph.compile import compile_plan
@@ -103,7 +103,7 @@ class WorkerComm:
         self.rank, self.size = comm.rank, comm.size
         self.calls = self.collectives = 0
         self.wait_seconds = 0.0
-        self.marks = new_marks()  # the step's spans (workbench.cluster.spans)
+        self.marks = worker_marks()  # the step's spans (workbench.cluster.spans)
         self.cursor = getattr(self.marks, "begin", 0.0)
 
     def waited(self, bucket: str, began: float) -> None:
