@@ -46,8 +46,9 @@ def test_allreduce_waits_are_blamed_on_the_late_replica(client3, kit, late_repli
     assert worker == late
     assert DELAY * 0.7 <= seconds <= DELAY * 1.3, timeline.stragglers()
     for other in timeline.workers:
-        if other != late:
-            assert timeline.waits(other, on=late) >= 0.15, timeline.summary()
+        if other != late:  # the median step: a loaded machine may hold any process back now and then
+            waited = [timeline.step(k).waits(other, on=late) for k in timeline.steps]
+            assert np.median(waited) >= 0.15, waited
     assert timeline.waits(late) < 0.05
     summary = timeline.summary()
     assert summary[late]["compute"]["median"] >= DELAY
