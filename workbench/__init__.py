@@ -50,6 +50,7 @@ from workbench.model import Model, export_onnx, load_model
 from workbench.strategies import strategy, strategy_graph
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.training import History
+from workbench.timeline import Timeline
 
 from workbench.ops import (  # noqa: E402, F401 - the public op functions
     abs,
@@ -146,6 +147,7 @@ __all__ = [
     "Graph",
     "GraphError",
     "History",
+    "Timeline",
     "NumericsError",
     "Operation",
     "PathError",
