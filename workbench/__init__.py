@@ -10,7 +10,7 @@
 """
 
 from workbench import cluster, metrics, optimizers, strategies
-from workbench import layers, models
+from workbench import layers, models, stragglers
 from workbench.errors import (
     ArgumentError,
     ClusterError,
@@ -178,6 +178,7 @@ __all__ = [
     "scan",
     "strategies",
     "strategy",
+    "stragglers",
     "strategy_graph",
     "StrategyError",
     *_PUBLIC_OPS,

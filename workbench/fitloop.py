@@ -67,6 +67,9 @@ class StepOutcome:
         time since the previous outcome (steps in flight overlap on a cluster).
     stats : mapping
         The request's ``stats`` by label, on the steps where they are due (else empty).
+    elapsed : float, optional
+        Seconds since the fit started when the step ended, where the engine keeps its own clock (the
+        simulation's virtual one); else the loop measures it.
     """
 
     step: int
@@ -74,6 +77,7 @@ class StepOutcome:
     metrics: Mapping[str, Any] = field(default_factory=dict)
     seconds: float | None = None
     stats: Mapping[str, float] = field(default_factory=dict)
+    elapsed: float | None = None
 
 
 @runtime_checkable
@@ -257,6 +261,7 @@ class FitLoop:
         exception's ``history`` attribute the steps done, and the interrupt is raised again.
         """
         req = self.request
+        self.started_at = time.perf_counter()
         specs = getattr(engine, "state_specs", None)
         variables, start = self.resume(variables, specs() if specs is not None else None)
         self.step = start
@@ -362,6 +367,8 @@ class FitLoop:
             stats=dict(outcome.stats),
         )
         record = event.record()
+        elapsed = outcome.elapsed if outcome.elapsed is not None else time.perf_counter() - self.started_at
+        record["elapsed"] = float(elapsed)
         validated = None
         if self.validation is not None and outcome.step % self.validation.every == 0:
             validated = Validated(**tags, **self.validation.evaluate(engine, outcome.step))

@@ -79,6 +79,7 @@ def check_data(data: dict) -> int:
 _NOT_METRICS = {
     "step",
     "time",
+    "elapsed",
     "samples_per_s",
     "replicas",
     "workers",
@@ -105,8 +106,8 @@ def _scalar(value):
 class History:
     """What a training run did: one record (a dict) per step.
 
-    Each record holds ``"step"`` (1-based), ``"time"`` (seconds), ``"samples_per_s"``
-    and the value of each fetch by its name. With ``fit(..., validation=(data, k))``
+    Each record holds ``"step"`` (1-based), ``"time"`` (the step's own seconds), ``"elapsed"``
+    (seconds since the fit started, when the step ended), ``"samples_per_s"`` and the value of each fetch by its name. With ``fit(..., validation=(data, k))``
     every k-th record also holds ``"val_<label>"`` for each fetch; with
     ``fit(..., stats=k)``, :attr:`stats` maps every k-th step to the model's statistics
     (``{"<op>/<stat>": value}``, see :mod:`workbench.graph.probes`).
@@ -154,6 +155,41 @@ class History:
         from workbench.timeline import median_profile
 
         return median_profile([r["profile"] for r in self.records if "profile" in r])
+
+    def time_to(self, key: str, target: float, below: bool = False) -> float | None:
+        """Seconds since the fit started at which ``key`` first reached ``target``, or None if it never did.
+
+        Parameters
+        ----------
+        key : str
+            A recorded series, for example ``"val_accuracy"`` or ``"loss"``.
+        target : float
+            The value to reach: the first record with ``value >= target`` counts (``value <= target``
+            with ``below=True``, for a loss).
+        below : bool
+            Whether the series has to fall to the target rather than rise to it.
+
+        Returns
+        -------
+        float or None
+            That record's ``"elapsed"`` (virtual seconds under ``clock="virtual"``).
+
+        Examples
+        --------
+        >>> hist.time_to("val_accuracy", 0.9)  # doctest: +SKIP
+        3.72
+        >>> hist.time_to("loss", 0.1, below=True)  # doctest: +SKIP
+        """
+        self.series(key)  # KeyError naming the fields when no record holds it
+        for record in self.records:
+            if key not in record:
+                continue
+            value = float(np.asarray(record[key]))
+            if value <= target if below else value >= target:
+                if "elapsed" not in record:
+                    raise KeyError(f"the record of step {record.get('step')} has no 'elapsed' time")
+                return float(record["elapsed"])
+        return None
 
     @property
     def fields(self) -> list[str]:
