@@ -111,24 +111,34 @@ class Lanes:
     def step(self, step: int, results: list[dict]) -> list[dict]:
         """The spans of ``step`` from its replicas' results (each with ``worker``, ``rank``, ``marks``)."""
         marked = [r for r in results if r.get("marks")]
-        arrivals = [self._arrivals(r) for r in marked]
+        latest: dict = {}  # collective key -> the two latest arrivals [(time, worker)], latest first
+        for r in marked:
+            shift = self.offset(r["worker"], r["marks"]["offset"]) - self.origin
+            for key, t in r["marks"]["arrivals"].items():
+                top = latest.setdefault(key, [])
+                top.append((t + shift, r["worker"]))
+                if len(top) > 2:
+                    top.sort(reverse=True)
+                    del top[2:]
+        for top in latest.values():
+            top.sort(reverse=True)
         spans: list[dict] = []
-        for r, own in zip(marked, arrivals, strict=True):
-            peers = [(a, res["worker"]) for a, res in zip(arrivals, marked, strict=True) if res is not r]
-            spans.extend(self._lane(step, r, own, peers))
+        for r in marked:
+            spans.extend(self._lane(step, r, latest))
         return spans
 
-    def _arrivals(self, result: dict) -> dict:
-        shift = self.offset(result["worker"], result["marks"]["offset"]) - self.origin
-        return {k: t + shift for k, t in result["marks"]["arrivals"].items()}
-
-    def _lane(self, step: int, result: dict, own: dict, peers: list) -> list[dict]:
+    def _lane(self, step: int, result: dict, latest: dict) -> list[dict]:
         marks, worker, rank = result["marks"], result["worker"], result.get("rank", 0)
         shift = self.offset(worker, marks["offset"]) - self.origin
         out: list[dict] = []
 
         def add(phase, start, end, **extra):
-            if end > start:
+            if end <= start:
+                return
+            last = out[-1] if out else None
+            if last is not None and not extra and last["phase"] == phase and len(last) == 6 and last["end"] >= start:
+                last["end"] = end  # one span for back-to-back stretches of one phase
+            else:
                 out.append(span(worker, rank, step, phase, start, end, **extra))
 
         begin = marks["begin"] + shift
@@ -138,7 +148,7 @@ class Lanes:
             begin = max(begin, previous)
         cursor = begin
         moved = int(result.get("bytes_sent", 0)) + int(result.get("bytes_received", 0))
-        collectives = [p for p in marks["phases"] if p[0] == "collective"] or [None]
+        collectives = sum(1 for p in marks["phases"] if p[0] == "collective") or 1
         for phase in marks["phases"]:
             start, end = max(phase[1] + shift, cursor), max(phase[2] + shift, cursor)
             if start > cursor:  # between marked phases: waiting its turn, settling the last step's sends
@@ -146,23 +156,22 @@ class Lanes:
             if phase[0] != "collective":
                 add(phase[0], start, end)
             else:
-                self._collective(add, start, end, own.get(phase[3]), [(a.get(phase[3]), w) for a, w in peers],
-                                 bytes=moved // len(collectives))  # fmt: skip
+                key = phase[3]
+                own = marks["arrivals"].get(key)
+                peer = next((a for a in latest.get(key, ()) if a[1] != worker), None)
+                self._collective(add, start, end, None if own is None else own + shift, peer, moved // collectives)
             cursor = max(cursor, end)
         self.ends[worker] = cursor
         return out
 
     @staticmethod
-    def _collective(add, start: float, end: float, arrived, peers: list, bytes: int) -> None:
+    def _collective(add, start: float, end: float, arrived, peer, moved: int) -> None:
         """Time at a collective: late by its own doing until it handed in, then waiting for the last
-        peer to arrive, then communicating."""
+        peer to arrive (``peer``: its arrival and worker), then communicating."""
         if arrived is not None and arrived > start:  # handed in after the phase began: still its own work
             add("compute", start, min(arrived, end))
             start = min(arrived, end)
-        known = [(a, w) for a, w in peers if a is not None]
-        if known:
-            last, who = max(known)
-            if last > start:
-                add("wait", start, min(last, end), waiting_for=who)
-                start = min(last, end)
-        add("communicate", start, end, bytes=bytes)
+        if peer is not None and peer[0] > start:
+            add("wait", start, min(peer[0], end), waiting_for=peer[1])
+            start = min(peer[0], end)
+        add("communicate", start, end, bytes=moved)
