@@ -97,3 +97,23 @@ def test_an_unreadable_checkpoint_dir_is_a_file_error_naming_it(tmp_path, monkey
     monkeypatch.setattr(os, "listdir", listdir)
     with pytest.raises(FileError, match=rf"cannot read checkpoint directory '{target}': Permission denied"):
         wb.Session(g, seed=0).fit(train, DATA, batch_size=16, steps=2, checkpoint_dir=tmp_path)
+
+
+def test_restore_takes_a_fit_directory_and_leaves_the_replicas_state_out(tmp_path):
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 2), dtype="float64")
+        y = wb.placeholder("y", shape=(None, 1), dtype="float64")
+        w = wb.variable("w", shape=(2, 1), init="zeros", dtype="float64")
+        train = wb.optimizers.Adam(0.1).minimize(wb.mean((x @ w - y) ** 2))
+    xs = np.random.default_rng(0).normal(size=(64, 2))
+    data = {"x": xs, "y": xs @ np.array([[1.0], [2.0]])}
+    fitted = wb.Session(g, seed=0)
+    fitted.fit(train, data, batch_size=16, steps=8, replicas=2, checkpoint_dir=tmp_path / "ck", checkpoint_every=4)
+    again = wb.Session(g, seed=0)
+    again.restore(tmp_path / "ck")  # strict: the graph's variables, not replicas/<rank>/...
+    for name, value in fitted.variables.items():
+        np.testing.assert_array_equal(again.variables[name], value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(wb.FormatError, match=r"holds no step-<n>.npz checkpoint"):
+        again.restore(tmp_path / "empty")

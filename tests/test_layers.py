@@ -22,6 +22,8 @@ LAYERS = [
             "workbench.training",
             "workbench.timeline",
             "workbench.spans",
+            "workbench.stragglers",
+            "workbench.clock",
             "workbench.datasets",
             "workbench.version",
         ],

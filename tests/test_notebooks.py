@@ -30,6 +30,7 @@ NOTEBOOK_NAMES = [
     "playground.ipynb",
     "strategies.ipynb",
     "models.ipynb",
+    "revisiting_sync_sgd.ipynb",
 ]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 SVG_MIME = "image/svg+xml"
@@ -107,6 +108,12 @@ PICTURES = {
     "models.ipynb": [("graph transformer", "block0"), ("training · 150 steps · done",), ("graph resnet", "block1"),
                      ("training · 40 steps · done",), ("graph rnn",), ("training · 150 steps · done",),
                      ("Dask cluster",), ("training · 20 steps · done", "2 replicas"), ("default cluster closed",)],
+    "revisiting_sync_sgd.ipynb": [("strategy comparison · virtual clock · done", "sync + 2 backups (60 steps)",
+                                   "async (480 steps)", "k-th gradient arrival"),
+                                  ("strategy comparison · virtual clock · done", "N=7, b=3"),
+                                  ("Dask cluster tcp://", "· closed"),
+                                  ("strategy comparison · wall clock · done", "sync + 1 backup (10 steps)", "async (20 steps)"),
+                                  ("default cluster closed",)],
 }  # fmt: skip
 
 

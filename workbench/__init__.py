@@ -49,6 +49,7 @@ from workbench.session import Session
 from workbench.model import Model, export_onnx, load_model
 from workbench.strategies import strategy, strategy_graph
 from workbench.scaling import ScalingStudy, scaling_study
+from workbench.compare import Comparison, compare_strategies
 from workbench.training import History
 from workbench.timeline import Timeline
 
@@ -58,6 +59,7 @@ from workbench.ops import (  # noqa: E402, F401 - the public op functions
     all,
     all_gather,
     all_reduce,
+    cross_replica_sum,
     argmax,
     assign,
     assign_add,
@@ -173,6 +175,8 @@ __all__ = [
     "reset_default_graph",
     "ScalingStudy",
     "scaling_study",
+    "Comparison",
+    "compare_strategies",
     "cluster",
     "cond",
     "scan",

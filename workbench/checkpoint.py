@@ -99,8 +99,13 @@ def _umask() -> int:
     return mask
 
 
+#: Checkpoint members of a replicated fit's per-replica state (``replicas/<rank>/<variable>``): what its
+#: engine resumes from; a session restoring the graph's variables leaves them out.
+REPLICA_STATE = "replicas/"
+
+
 def read(
-    path: str | os.PathLike, expected: dict | None = None, strict: bool = False
+    path: str | os.PathLike, expected: dict | None = None, strict: bool = False, skip: tuple[str, ...] = ()
 ) -> tuple[dict[str, np.ndarray], int | None]:
     """The arrays of a checkpoint and its step (None if it has none), or FormatError.
 
@@ -111,6 +116,8 @@ def read(
         are refused from their headers, before any data is read.
     strict : bool
         With ``expected``: every expected variable must be in the file.
+    skip : tuple of str
+        Name prefixes of members left out (unless expected): neither checked nor read.
     """
     path = check_path(path)
     try:
@@ -121,6 +128,8 @@ def read(
             step = int(read_member(archive, headers[STEP])) if STEP in headers else None
             legacy = int(read_member(archive, headers[MARK])) < FORMAT
             members = _variable_members(headers, legacy)
+            if skip:
+                members = {n: m for n, m in members.items() if not n.startswith(skip) or (expected and n in expected)}
             if expected is not None:
                 found = {name: headers[member][1:] for name, member in members.items()}
                 check_members(f"checkpoint {path!r}", found, expected, strict)
@@ -195,8 +204,21 @@ def check_members(where: str, found: dict, expected: dict, strict: bool = False,
 
 def restore(path: str | os.PathLike, variables, strict: bool = True) -> dict[str, np.ndarray]:
     """The values in checkpoint ``path`` of ``variables`` (a graph's Variable tensors), all checked
-    against them before any data is read; with ``strict`` every variable must be in the file."""
-    return read(path, specs(variables), strict)[0]
+    against them before any data is read; with ``strict`` every variable must be in the file.
+
+    ``path`` is a checkpoint file or a fit's checkpoint directory (its newest step). A replicated
+    fit's per-replica state (:data:`REPLICA_STATE`) is left out: the graph's variables are the
+    fit's shared values."""
+    path = check_path(path)
+    if os.path.isdir(path):
+        try:
+            names = _step_files(os.fspath(path))
+        except OSError as e:
+            raise FileError(e.errno, f"cannot read checkpoint directory {path!r}: {e.strerror or e}", path) from e
+        if not names:
+            raise FormatError(f"checkpoint directory {path!r} holds no step-<n>.npz checkpoint")
+        path = os.path.join(os.fspath(path), names[-1])
+    return read(path, specs(variables), strict, skip=(REPLICA_STATE,))[0]
 
 
 def specs(variables) -> dict[str, tuple]:

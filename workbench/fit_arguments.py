@@ -13,7 +13,9 @@ import dataclasses
 import os
 
 from workbench import checkpoint
-from workbench.errors import ClusterError, FeedError
+from workbench import stragglers as straggler_models
+from workbench.clock import Clock
+from workbench.errors import ArgumentError, ClusterError, FeedError
 from workbench.fitloop import FitRequest, LocalSteps
 from workbench.graph.probes import probes, watch
 from workbench.training import check_data, is_dask_array
@@ -21,7 +23,7 @@ from workbench.training import check_data, is_dask_array
 
 def request(
     session, train, data, batch_size, steps, epochs, fetches, check_numerics, stats=None, feed_dict=None,
-    checkpoint_dir=None,
+    checkpoint_dir=None, stragglers=None,
 ) -> FitRequest:  # fmt: skip
     """The checked arguments of ``session.fit`` as plain values, for the loop and its engine.
 
@@ -48,6 +50,7 @@ def request(
         stats={} if stats is None else statistics(session, train),
         stats_every=stats or 0,
         feeds=fixed_feeds(session, feed_dict, arrays),
+        stragglers=stragglers,
     )
     if checkpoint_dir is not None:  # resuming here: the batches of the fit it continues
         where = os.path.abspath(checkpoint.check_path(checkpoint_dir))
@@ -55,17 +58,30 @@ def request(
     return made
 
 
-def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, **cluster):
+def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, clock=None, **cluster):
     """The step engine of a fit and how often its loop checkpoints: the session's own steps, or the
-    cluster strategy's engine (``cluster``: window, sync_every, workers, backup_replicas, step_timeout)."""
+    cluster strategy's engine (``cluster``: window, sync_every, workers, backup_replicas, step_timeout).
+    ``clock``: the simulation's :class:`~workbench.clock.Clock` (the wall clock when None)."""
+    clock = clock or Clock()
     if session.client is None:
-        return local_engine(request, session, replicas, strategy), checkpoint_every
+        return local_engine(
+            request, session, replicas, strategy, cluster.get("backup_replicas", 0), clock
+        ), checkpoint_every
+    if clock.virtual:
+        raise ArgumentError(
+            "fit(clock='virtual') is the one-process simulation's clock: a cluster fit runs on the wall clock "
+            "(create the session with cluster=False to simulate the replicas here)"
+        )
     from workbench.cluster.engines import make_engine
     from workbench.cluster.options import ClusterOptions
 
     workers = cluster["workers"]
     chosen = workers if workers is None or isinstance(workers, str) else tuple(workers)
     function = runs_a_strategy_function(strategy)
+    if not function and strategy in (None, "allreduce") and forward_collectives(request.graph):
+        # the replicas exchange statistics in their forward pass (a synchronized batch norm): the
+        # "allreduce" strategy function's replica programs run those collectives; the engine cannot
+        function, strategy = True, "allreduce"
     options = ClusterOptions(
         None if function else strategy,
         replicas,
@@ -88,9 +104,46 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, *
     return make_engine(request, session.client, options, session.events), every
 
 
-def local_engine(request: FitRequest, session, replicas, strategy):
+def stragglers_for(value, replicas, backup_replicas=0):
+    """``fit(stragglers=...)`` checked (:func:`workbench.stragglers.coerce`) against the replicas asked
+    for (``replicas + backup_replicas`` of them run; None: one per worker, checked by the engine)."""
+    total = None if replicas is None or isinstance(backup_replicas, bool) else replicas + int(backup_replicas or 0)
+    return straggler_models.coerce(value, total)
+
+
+#: ``fit(strategy=ASYNC)``: asynchronous SGD (a parameter-server role applies each gradient as it arrives).
+ASYNC = "async"
+
+
+def local_engine(request: FitRequest, session, replicas, strategy, backups=0, clock=None):
     """Local training, or with ``replicas`` or a strategy function the one-process simulation of
-    the replicas (:mod:`workbench.simulation`)."""
+    the replicas (:mod:`workbench.simulation`); with stragglers, backups, ``strategy="async"`` or the
+    virtual clock the lab's engines (:mod:`workbench.lab_sync`, :mod:`workbench.lab_async`)."""
+    clock = clock or Clock()
+    stragglers = request.stragglers
+    if stragglers is not None and strategy in (None, "local") and replicas in (None, 1) and not backups:
+        raise ArgumentError(
+            "fit(stragglers=...) delays replicas: give replicas=R (simulated in this process) or a cluster session"
+        )
+    if strategy == ASYNC:
+        return local_async(request, replicas, backups, clock)
+    if stragglers is not None or backups or clock.virtual:
+        if strategy not in (None, "local", "allreduce"):
+            raise ArgumentError(
+                f"stragglers, backup_replicas and clock='virtual' in the simulation run strategy 'allreduce' "
+                f"(the default) or 'async', not {strategy!r}"
+            )
+        synced = forward_collectives(request.graph)
+        if synced and (replicas or 1) + int(backups or 0) > 1:
+            raise ArgumentError(
+                f"the graph exchanges values between replicas in its forward pass ({synced[0]!r}: a "
+                "synchronized batch norm), which the simulation with stragglers, backup replicas or "
+                "clock='virtual' does not run (each replica computes its gradient on its own there); "
+                "leave those out, or simulate a model without cross-replica ops"
+            )
+        from workbench.lab_sync import SyncReplicas
+
+        return SyncReplicas(request, replicas or 1, backups, stragglers, clock)
     if strategy in (None, "local") and replicas in (None, 1):
         return LocalSteps(session, request)
     if strategy == "parameter_server":
@@ -100,6 +153,22 @@ def local_engine(request: FitRequest, session, replicas, strategy):
     from workbench.simulation import SimulatedReplicas
 
     return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
+
+
+def forward_collectives(graph) -> list[str]:
+    """The collective ops the graph itself holds (``cross_replica_sum`` of batch norm's global moments),
+    which only a replica program running on a communicator computes."""
+    return [op.name for op in graph.operations if op.opdef.collective]
+
+
+def local_async(request: FitRequest, replicas, backups=0, clock=None):
+    """``strategy="async"`` without a cluster: the one-process simulation's asynchronous SGD
+    (:mod:`workbench.lab_async`)."""
+    from workbench.lab_async import AsyncReplicas
+
+    if backups:
+        raise ArgumentError(f"fit(strategy='async') has no backup replicas (backup_replicas={backups})")
+    return AsyncReplicas(request, replicas or 1, request.stragglers, clock or Clock())
 
 
 def runs_a_strategy_function(strategy) -> bool:

@@ -149,6 +149,9 @@ class FitRequest:
         not to validation.
     profile_every : int
         ``fit(profile=k)``: every k-th step times each op (``metrics["profile"]``); 0: none.
+    stragglers : Stragglers, optional
+        ``fit(stragglers=...)`` (:mod:`workbench.stragglers`): the delays every engine with replicas
+        injects after a replica computes and before it hands its gradient in.
     """
 
     graph: Any
@@ -165,6 +168,7 @@ class FitRequest:
     stats_every: int = 0
     feeds: dict = field(default_factory=dict)
     profile_every: int = 0
+    stragglers: Any = None
 
     def stats_due(self, step: int) -> bool:
         """Whether step ``step`` (1-based) also fetches :attr:`stats`."""

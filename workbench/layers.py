@@ -116,7 +116,7 @@ def batch_norm(x, training, momentum: float = 0.99, epsilon: float = 1e-3, axis:
         if training is False:
             mean, var = moving_mean, moving_var
         else:
-            batch_mean, batch_var = norm.moments(x, reduced)
+            batch_mean, batch_var = _global_moments(x, reduced)
             mean = _switch(training, lambda: batch_mean, lambda: moving_mean)
             var = _switch(training, lambda: batch_var, lambda: moving_var)
         scale = special.rsqrt(ops.reshape(var, shape) + epsilon) * ops.reshape(gamma, shape)
@@ -128,10 +128,30 @@ def batch_norm(x, training, momentum: float = 0.99, epsilon: float = 1e-3, axis:
         return y
 
 
+def _global_moments(x, reduced):
+    """The mean and (biased) variance of ``x`` over the axes ``reduced`` of the *global* batch.
+
+    Each replica takes its shard's moments, then the shards' counts, sums and centred sums of squares
+    are added up across the replicas (``cross_replica_sum``, Chan et al.'s combination): a
+    synchronized batch norm, so a model trains to the same variables on any number of workers.
+    Outside a replicated fit the sums are the identity and these are the batch's own moments. The
+    backward pass sums the replicas' gradients of the statistics the same way (as PyTorch's
+    SyncBatchNorm; exact when the shards are equal, which ``fit`` makes them when the batch size
+    divides among the replicas).
+    """
+    mean, var = norm.moments(x, reduced)
+    count = _count(x, reduced)
+    total = ops.cross_replica_sum(count)
+    global_mean = ops.cross_replica_sum(mean * count) / total
+    shift = mean - global_mean
+    global_var = ops.cross_replica_sum((var + shift * shift) * count) / total
+    return global_mean, global_var
+
+
 def _moving_updates(graph, y, x, training, momentum, reduced, means, variances):
     """Assign ops moving the statistics, recorded in ``graph.updates`` as belonging to ``y``."""
     (moving_mean, batch_mean), (moving_var, batch_var) = means, variances
-    count = _count(x, reduced)
+    count = ops.cross_replica_sum(_count(x, reduced))  # the global batch's
     unbiased = batch_var * (count / ops.maximum(count - 1.0, 1.0))
     rate = 1.0 - momentum
     for moving, batch, label in ((moving_mean, batch_mean, "mean"), (moving_var, unbiased, "variance")):

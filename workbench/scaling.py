@@ -87,6 +87,8 @@ def scaling_study(
     strategy: str | None = None,
     predict=None,
     assumptions=None,
+    stragglers=None,
+    backup_replicas: int = 0,
 ) -> ScalingStudy:
     """Train ``steps`` steps (after ``warmup`` more) with 1, 2, ... workers and compare throughput.
 
@@ -113,7 +115,16 @@ def scaling_study(
         What the predictions assume: a :class:`~workbench.cluster.predict.Assumptions`,
         a link's name (``"10gbe"``, ``"infiniband"``, ``"nvlink"``...) or its keywords.
         Default: the measured link, the global batch fixed.
+    stragglers : wb.stragglers distribution, optional
+        Delays injected into every measured fit (``fit(stragglers=...)``); the predictions then model
+        a synchronous step as the ``R``-th order statistic of ``R + b`` draws of compute plus delay
+        (:mod:`workbench.cluster.straggler_model`, a fixed Monte Carlo sample), and rows gain
+        ``median_step_seconds`` (``step_seconds`` is the mean).
+    backup_replicas : int
+        ``b``: each count of workers ``k`` trains ``R = k - b`` replicas' gradients a step plus ``b``
+        backups (``fit(backup_replicas=b)``), predicted alike.
     """
+    from workbench.cluster.straggler_model import straggled, unstraggled
     from workbench.cluster.connect import close, connect, default_client
     from workbench.cluster.engines import DEFAULT_STRATEGY
 
@@ -122,6 +133,9 @@ def scaling_study(
         raise ClusterError(f"workers must be positive counts, got {workers!r}")
     targets = _targets(predict)
     assumed = _assumptions(assumptions)
+    backups = int(backup_replicas)
+    if backups < 0 or counts[0] <= backups or (targets and targets[0] <= backups):
+        raise ClusterError(f"backup_replicas={backup_replicas!r} must leave at least one replica at every worker count")
     owned = cluster is None and default_client() is None
     client = (
         connect(cluster, n_workers=max(counts))
@@ -149,23 +163,31 @@ def scaling_study(
                 data,
                 batch_size=batch_size,
                 steps=total,
-                replicas=k,
+                replicas=k - backups,
                 workers=available[:k],
                 fetches=fetches,
                 sync_every=max(total, 1),
                 strategy=strategy,
+                stragglers=stragglers,
+                backup_replicas=backups,
             )
             measured[k] = history.records[warmup:] or history.records
             model_bytes = model_bytes or _gradient_bytes(graph, train, sess.variables)
             row = _row(k, measured[k], batch_size, study.rows)
             study.rows.append(row)
-            ROOT.emit(ScalingPoint(**ids, **row))
+            ROOT.emit(ScalingPoint(**ids, **{k: v for k, v in row.items() if k != "median_step_seconds"}))
         if targets:
             compute = _small_shard(sess, train, data, batch_size, counts[0], max(targets), available, strategy)
+            clean = measured if stragglers is None else {k: unstraggled(rs, k - backups) for k, rs in measured.items()}
             study.profile = measure_profile(
-                client, available, measured, batch_size, name, model_bytes, assumed, compute=compute
+                client, available, clean, batch_size, name, model_bytes, assumed, compute=compute
             )
-            study.predictions = model.predict(study.profile, sorted({1, *counts, *targets}), assumptions=assumed)
+            predicted = sorted({*counts, *targets} | ({1} if backups == 0 else set()))
+            study.predictions = model.predict(study.profile, predicted, assumptions=assumed)
+            if stragglers is not None:
+                for row in study.predictions:
+                    row.update(straggled(row["step_seconds"], stragglers, row["workers"] - backups, backups))
+                    row["samples_per_s"] = batch_size / row["step_seconds"]
             study.assumptions = assumed.describe(study.profile)
         ROOT.emit(
             ScalingFinished(
@@ -313,6 +335,7 @@ def _row(workers: int, measured: list[dict], batch_size: int, rows: list[dict]) 
         "workers": workers,
         "samples_per_s": len(measured) * batch_size / seconds,
         "step_seconds": seconds / len(measured),
+        "median_step_seconds": statistics.median(r["time"] for r in measured),
     }
     base = rows[0] if rows else row
     row["speedup"] = row["samples_per_s"] / base["samples_per_s"] * base["workers"]

@@ -26,6 +26,7 @@ from workbench.ops.state import initial_value
 from workbench.training import History, check_fit_arguments, is_dask_array
 from workbench import fit_arguments
 from workbench.graph import profile as profiling
+from workbench.clock import check as check_clock
 from workbench.validation import make_validation
 
 
@@ -342,6 +343,9 @@ class Session:
         step_timeout: float | None = None,
         feed_dict: dict | None = None,
         profile: int | None = None,
+        stragglers=None,
+        clock: str = "wall",
+        compute_seconds: float | None = None,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -372,9 +376,11 @@ class Session:
             flight, steps between host copies of the variables, the workers to use,
             extra shards per step whose slowest are dropped (Chen et al. 2016), the
             step engine: ``"allreduce"`` (the default: gradients all-reduced worker to
-            worker inside each step's tasks) or ``"parameter_server"`` (a task graph per
-            step; what ``backup_replicas``, dask-array data and GPU sessions use, chosen
-            by itself for them when no strategy is named), or a strategy function: a name
+            worker inside each step's tasks; with ``backup_replicas`` the first ``replicas``
+            gradients to arrive are applied) or ``"parameter_server"`` (a task graph per
+            step; what dask-array data and GPU sessions use, chosen by itself for them when
+            no strategy is named), ``"async"`` (asynchronous SGD: each replica's gradient
+            applied as it arrives, one record per applied gradient), or a strategy function: a name
             of ``wb.strategies.names()``, a :class:`~workbench.strategies.Strategy`
             (``wb.strategies.local_sgd(every=8)``) or a function of ``r``; without a cluster,
             ``replicas`` or a strategy trains R replicas in this process (the simulation,
@@ -399,6 +405,17 @@ class Session:
             :meth:`History.profile` gives ``{op name: seconds per step}``, and a GraphView of the
             graph can colour its nodes by ``stat="time"``. On a cluster, :meth:`History.timeline`
             tells where each worker's time went.
+        stragglers : wb.stragglers.Bernoulli, LogNormal or Fixed, optional
+            Delays injected into a fit with replicas: a late replica waits after computing and
+            before handing its gradient in; records then hold ``"delays"`` and ``"arrivals"``
+            per replica (and ``"dropped"`` with ``backup_replicas``). See :mod:`workbench.stragglers`.
+            ``strategy="async"`` trains asynchronous SGD (each replica's gradient applied as it arrives).
+        clock : {"wall", "virtual"}
+            The simulation's clock (:mod:`workbench.clock`): with ``"virtual"`` nothing sleeps, each
+            replica's step takes ``compute_seconds`` (or its measured compute time when None) plus
+            its injected delay, and the History's times are virtual; bit-identical on a rerun.
+        compute_seconds : float, optional
+            Virtual seconds of one replica's compute (``clock="virtual"`` only).
 
         Returns
         -------
@@ -418,14 +435,26 @@ class Session:
         On a cluster every failure is a ``ClusterError`` whose cause is chained.
         """
         check_fit_arguments(batch_size, steps, epochs, checkpoint_every, replicas, stats)
+        timing = check_clock(clock, compute_seconds)
         request = fit_arguments.request(
-            self, train, data, batch_size, steps, epochs, fetches, check_numerics, stats, feed_dict, checkpoint_dir
+            self,
+            train,
+            data,
+            batch_size,
+            steps,
+            epochs,
+            fetches,
+            check_numerics,
+            stats,
+            feed_dict,
+            checkpoint_dir,
+            stragglers=fit_arguments.stragglers_for(stragglers, replicas, backup_replicas),
         )
         request = profiling.with_profile(request, profile)
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         cluster = {"window": window, "sync_every": sync_every, "workers": workers, "backup_replicas": backup_replicas}
         engine, every = fit_arguments.engine(
-            self, request, replicas, strategy, checkpoint_every, step_timeout=step_timeout, **cluster
+            self, request, replicas, strategy, checkpoint_every, timing, step_timeout=step_timeout, **cluster
         )
         profiling.check_engine(engine, request)
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
@@ -477,9 +506,12 @@ class Session:
         return checkpoint.write(path, self.variables, private=private)
 
     def restore(self, path: str | os.PathLike, strict: bool = True) -> None:
-        """Load variable values written by :meth:`save`; checks everything before changing anything.
+        """Load variable values written by :meth:`save` or by a fit's checkpoints; checks everything
+        before changing anything.
 
-        With ``strict=True`` every variable of the graph must be in the file.
+        ``path`` is a file or a ``fit(checkpoint_dir=...)`` directory (its newest checkpoint; a
+        replicated fit's per-replica state in it is left out). With ``strict=True`` every variable of
+        the graph must be in the file.
         """
         loaded = checkpoint.restore(path, self.graph.variables, strict)  # checked against the graph before reading
         self._put(loaded)

@@ -63,6 +63,7 @@ class Member:
         self.step, self.calls = 0, 0
         self.bytes_sent = self.collectives = 0
         self.marks, self.cursor = new_marks(), 0.0
+        self.weight = 1.0  # this replica's share of the loss (r.weight), set every step
 
     def begin(self, step: int) -> None:
         """A new run (step): collectives are matched across ranks by their order within it."""
@@ -285,7 +286,9 @@ class SimulatedReplicas:
             dtype = self.program.record.graph.get(inputs["weight"]).dtype
             feeds[inputs["id"]] = self.device.put(np.array(rank, dtype=np.int64))
             feeds[inputs["step"]] = self.device.put(np.array(step, dtype=np.int64))
-            feeds[inputs["weight"]] = self.device.put(np.array(weight(kind, len(rows), total), dtype=dtype))
+            share = weight(kind, len(rows), total)
+            feeds[inputs["weight"]] = self.device.put(np.array(share, dtype=dtype))
+            member.weight = float(share)  # what weighted collectives scale by (cross_replica_sum's gradient)
             sent, count = member.bytes_sent, member.collectives
             member.begin(step)
             started = time.perf_counter()

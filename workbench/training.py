@@ -95,6 +95,12 @@ _NOT_METRICS = {
     "tasks",
     "spans",
     "profile",
+    "delays",
+    "delay",
+    "arrivals",
+    "staleness",
+    "replica",
+    "arrival",
 }
 
 

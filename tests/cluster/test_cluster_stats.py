@@ -1,4 +1,5 @@
-"""fit(stats=k) on a cluster: the all-reduce replicas compute the statistic ops every k steps, one reports them."""
+"""fit(stats=k) on a cluster: the all-reduce replicas compute the statistic ops every k steps; the client joins
+them into the global batch's statistics."""
 
 import numpy as np
 import pytest
@@ -38,3 +39,20 @@ def test_stats_with_the_parameter_server_strategy_say_what_computes_them(client,
         match=r"fit\(stats=...\) on a cluster is computed by the all-reduce strategy, not 'parameter_server'",
     ):
         sess.fit(model["train"], data, batch_size=32, steps=2, stats=1, strategy="parameter_server")
+
+
+def test_the_statistics_of_a_distributed_fit_are_the_global_batchs_as_in_local_training(client, kit):
+    model, data = kit.mlp(hidden=8), kit.blobs(n=96)
+    g, train = model["graph"], model["train"]
+    spread = wb.Session(g, cluster=client, seed=0).fit(
+        train, data, batch_size=33, steps=4, stats=2, replicas=2
+    )  # shards of 17 and 16 rows: unequal shares
+    local = wb.Session(g, cluster=False, seed=0).fit(train, data, batch_size=33, steps=4, stats=2)
+    assert sorted(spread.stats) == sorted(local.stats) == [2, 4]
+    for step in (2, 4):
+        got, want = spread.stats[step], local.stats[step]
+        assert set(got) == set(want)
+        kinds = {label.rpartition("/")[2] for label in want}
+        assert kinds == {"grad_norm", "mean", "std"}
+        for label, value in want.items():
+            assert got[label] == pytest.approx(value, rel=2e-4, abs=1e-6), (step, label)

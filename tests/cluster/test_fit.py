@@ -143,7 +143,11 @@ def test_allreduce_is_the_default_and_parameter_server_trains_what_it_cannot(kit
     sess.fit(m["train"], data, batch_size=BATCH, steps=2)
     assert (started[-1].strategy, started[-1].reason, started[-1].replicas) == ("allreduce", "", 2)
     cases = [
-        ({"backup_replicas": 1}, data, "backup_replicas=1 needs a reducer that drops the slowest shards"),
+        (
+            {"replicas": 2, "backup_replicas": 1},
+            data,
+            r"it runs one replica per worker, and replicas=2 \+ backup_replicas=1 exceeds the 2 workers",
+        ),
         ({}, chunked, r"it takes NumPy data, and \['x', 'y'\] are dask arrays"),
         ({"replicas": 3}, data, "it runs one replica per worker, and replicas=3 exceeds the 2 workers"),
     ]

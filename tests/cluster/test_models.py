@@ -35,12 +35,3 @@ def test_the_transformer_trains_on_workers_as_locally(local, cluster, request):
         scale = float(abs(value).max()) if value.size else 0.0
         np.testing.assert_allclose(got_variables[name], value, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
     assert got["loss"] == pytest.approx(history["loss"], rel=1e-5)
-
-
-def test_batch_norm_on_workers_says_what_it_needs(client):
-    digits = datasets.digits()
-    model = models.resnet()
-    sess = wb.Session(model["graph"], seed=1, cluster=client)
-    with pytest.raises(wb.ClusterError, match="batch norm's moving statistics are updated from each batch"):
-        sess.fit(model["train"], {"x": digits.x_train, "y": digits.y_train}, batch_size=BATCH, steps=2,
-                 feed_dict={"training": True})  # fmt: skip

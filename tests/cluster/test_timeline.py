@@ -39,6 +39,19 @@ def test_allreduce_waits_are_blamed_on_the_late_replica(client3, kit, late_repli
     m = kit.mlp(hidden=16)
     sess = wb.Session(m["graph"], seed=0, cluster=client3)
     hist = sess.fit(m["train"], kit.blobs(), batch_size=24, steps=8, fetches={"loss": m["loss"]}, strategy="allreduce")
+    check_blamed(hist, late_replica, tmp_path)
+
+
+def test_waits_are_blamed_on_the_straggler_of_wb_stragglers(client3, kit, tmp_path):
+    m = kit.mlp(hidden=16)
+    sess = wb.Session(m["graph"], seed=0, cluster=client3)
+    late = wb.stragglers.Fixed(1, DELAY)  # late after computing, before handing its gradient in
+    hist = sess.fit(m["train"], kit.blobs(), batch_size=24, steps=8, fetches={"loss": m["loss"]}, strategy="allreduce",
+                    stragglers=late)  # fmt: skip
+    check_blamed(hist, 1, tmp_path)
+
+
+def check_blamed(hist, late_replica, tmp_path):
     timeline = hist.timeline()
     assert len(timeline.workers) == 3 and timeline.steps == list(range(1, 9))
     late = next(s["worker"] for s in timeline.spans if s["replica"] == late_replica)

@@ -152,6 +152,8 @@ GRADIENT_CASES: dict[str, Callable[[np.random.Generator], list[Case]]] = {
                         Case(wb.where, (r.random((3, 1)) < 0.5, normal(r, 1, 4), normal(r, 3, 4)))],
     "cast": lambda r: [cast_case(r)],
     "identity": lambda r: [Case(wb.identity, (normal(r, 3, 4),))],
+    # one replica outside a replicated fit: the identity (tests/strategies checks it across replicas)
+    "cross_replica_sum": lambda r: [Case(lambda x: wb.cross_replica_sum(wb.tanh(x)), (normal(r, 3, 4),))],
     "stop_gradient": lambda r: [Case(lambda x: wb.stop_gradient(wb.tanh(x)), (normal(r, 3, 4),))],
     "zeros_like": lambda r: [Case(lambda x: wb.zeros_like(wb.tanh(x)) + x, (normal(r, 3, 4),))],
     "ones_like": lambda r: [Case(lambda x: wb.ones_like(wb.tanh(x)) * x, (normal(r, 3, 4),))],
@@ -515,3 +517,18 @@ def test_dropout_gradient_is_the_upstream_gradient_times_the_mask_of_the_same_ru
         assert set(np.unique(m)) == {0.0, 1 / 0.75}
         np.testing.assert_allclose(y_value, x_value * m)
         np.testing.assert_allclose(d, weights * m)
+
+
+def test_second_order_gradient_through_dropout_uses_the_same_mask():
+    g = wb.Graph()
+    with g.as_default():
+        x = wb.placeholder("x", shape=(4, 5), dtype="float64")
+        y = wb.dropout(x * x, 0.5, training=True)
+        (gx,) = wb.gradients(wb.sum(y), [x])
+        (ggx,) = wb.gradients(wb.sum(gx * gx), [x])  # the gradient reaches the dropout only through its mask
+    X = np.arange(1.0, 21.0).reshape(4, 5)
+    out, first, second = wb.Session(g, seed=0).run([y, gx, ggx], {x: X})
+    mask = (out != 0) * 2.0  # kept entries scaled by 1 / (1 - rate)
+    assert 0 < np.count_nonzero(mask) < mask.size
+    np.testing.assert_allclose(first, mask * 2 * X, rtol=1e-12)
+    np.testing.assert_allclose(second, 2 * (mask * 2) ** 2 * X, rtol=1e-12)  # d/dx sum((2 m x)^2)

@@ -386,6 +386,7 @@ KERNEL_CASES: dict[str, list[KCase]] = {
                    K([normal(2, 2)], lambda x: x, op="max", replicas=1)],
     "all_gather": [K([normal(3, 4)], lambda x: x[None], replicas=1)],
     "broadcast": [K([normal(3)], lambda x: x, root=0, replicas=1)],
+    "cross_replica_sum": [K([normal(3, 4)], lambda x: x, op="sum"), K([normal(2)], lambda x: x, op="sum", weighted=True)],
 }  # fmt: skip
 
 # -- references of the normalization, attention, pooling, padding, special and indexing ops ----------

@@ -150,3 +150,24 @@ def test_a_control_character_in_an_op_name_keeps_the_picture_well_formed():
         wb.relu(x, name="r\x1bescape")
     root = bundle_svg(GraphView(g))  # parses: no control character reached the XML
     assert "x\\x07bell" in texts(root) or "r\\x1bescape" in texts(root)
+
+
+def test_the_training_state_lists_its_charts_so_a_saved_state_with_sorted_keys_draws_the_same():
+    import json
+
+    from workbench.events import FitFinished, FitStarted, Step, Validated
+    from workbench.widgets import snapshots
+
+    view = TrainingView()
+    view.feed([FitStarted(steps=2, batch_size=8, fetches=("loss", "acc")),
+               *[Step(step=k, time=0.1, samples_per_s=80.0, fetches={"loss": 2.0 / k, "acc": 0.4 * k}) for k in (1, 2)],
+               Validated(step=2, fetches={"loss": 1.5, "acc": 0.7}, examples=10),
+               FitFinished(steps=2)])  # fmt: skip
+    charts = view.state["charts"]
+    assert [(c["label"], c["validation"]) for c in charts] == [("loss", "val_loss"), ("acc", "val_acc")]
+    assert charts[0]["color"] != charts[1]["color"]
+    saved = json.loads(json.dumps(view.state, sort_keys=True))  # as a notebook file holds widget state
+    assert list(saved["curves"]) == ["acc", "loss", "val_acc", "val_loss"]
+    assert snapshots.training_svg(view.title, saved) == snapshots.training_svg(view.title, view.state)
+    older = {k: v for k, v in saved.items() if k != "charts"}  # a state saved before it listed its charts
+    assert "acc" in snapshots.training_svg(view.title, older)

@@ -20,7 +20,7 @@ from workbench.events import (
     ScalingStarted,
     Step,
 )
-from workbench.widgets import ClusterView, GraphView, ScalingView, Throttle, TrainingView
+from workbench.widgets import ClusterView, ComparisonView, GraphView, ScalingView, Throttle, TrainingView
 from workbench.widgets.training_view import Series, TrainingModel
 
 
@@ -342,7 +342,7 @@ def test_cluster_view_holds_the_info():
 
 def test_views_render_offline():
     """The front ends are shipped as text (no URL to fetch) and never import from the network."""
-    for cls in (GraphView, TrainingView, ScalingView, ClusterView):
+    for cls in (GraphView, TrainingView, ScalingView, ClusterView, ComparisonView):
         esm = cls._esm.default_value if hasattr(cls._esm, "default_value") else cls._esm
         esm = str(esm)
         assert "export default" in esm

@@ -44,11 +44,38 @@ from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
 from workbench.cluster.spans import Lanes, scheduler_now
+from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
+from workbench.stragglers import coerce as check_stragglers
 from workbench.graph.batch_reduction import Reduction, combine
 from workbench.training import batch_indices, check_data, is_dask_array
+
+
+def step_delays(stragglers, step: int, replicas: int) -> list[float]:
+    """Each rank's injected delay at ``step`` (zeros without stragglers)."""
+    return [0.0] * replicas if stragglers is None else [float(d) for d in stragglers.delays(step, replicas)]
+
+
+def arrival_metrics(results: list) -> dict:
+    """A step's ``"delays"`` and ``"arrivals"`` per replica (rank order): seconds from the step's start
+    (the earliest replica's, on the workers' wall clocks) until each gradient was ready, delay included."""
+    begun = min(r["start_wall"] for r in results)
+    return {"delays": [r["delay"] for r in results], "arrivals": [r["ready_wall"] - begun for r in results]}
+
+
+def _outcome_fetches(program, labels: list, results: list, rescale: float = 1.0) -> dict:
+    """The step's fetches from the replicas' results: each replica weighted its means (``rescale``
+    multiplies those, for the rows used); the rest combine as they are."""
+    fetches = {}
+    reductions = program.fetch_reductions or (Reduction("mean"),) * len(labels)
+    for k, label in enumerate(labels):
+        value = np.asarray(combine(reductions[k], [r["fetches"][k] for r in results]))
+        if rescale != 1.0 and reductions[k].kind == "mean":
+            value = value * rescale
+        fetches[label] = value.item() if value.ndim == 0 else value
+    return fetches
 
 
 def _restartable() -> tuple:
@@ -138,6 +165,7 @@ class AllReduceEngine:
         lease: float | None = None,
         stats_labels=(),
         stats_every: int = 0,
+        stragglers=None,
     ):
         missing = set(program.feeds) - set(data)
         if missing:
@@ -163,8 +191,9 @@ class AllReduceEngine:
         self.replicas: int | None = None  # the members of the current generation, once started
         self.workers: int | None = None
         self.reason = reason  # why fit chose this strategy (see workbench.cluster.engines)
-        # fit(stats=k): every k-th step, rank 0 also computes the program's statistic ops and reports them
+        # fit(stats=k): every k-th step, the replicas also compute the program's statistic ops; joined here
         self.stats_labels, self.stats_every = list(stats_labels), int(stats_every) if program.stats else 0
+        self._stat_rules = None
         self.scheduler = client.scheduler.address  # where the dashboard's monitor hears of this fit
         self.timeout, self.bucket_bytes = timeout, bucket_bytes
         self.lease = max(300.0, 4 * timeout) if lease is None else float(lease)
@@ -180,13 +209,21 @@ class AllReduceEngine:
         self.flight: deque = deque()  # (step, futures), in step order
         self.started: list = []  # each member's start task
         self._transient = _restartable()
+        self.stragglers = stragglers  # fit(stragglers=...): each rank's delay, drawn by (step, rank)
+        self.backups = 0  # fit(backup_replicas=b): see workbench.cluster.backup_engine
 
     @classmethod
     def for_fit(cls, request, client, options, events) -> AllReduceEngine:
         """The engine of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest` and its
         :class:`~workbench.cluster.options.ClusterOptions`): the ``allreduce`` strategy's factory."""
         program = TrainingProgram.for_fit(request)
-        return cls(
+        if options.backup_replicas and cls is AllReduceEngine:
+            from workbench.cluster.backup_engine import BackupAllReduceEngine
+
+            return BackupAllReduceEngine.for_fit(request, client, options, events)
+        total = options.replicas_for(client) + (options.backup_replicas if options.replicas else 0)
+        stragglers = check_stragglers(request.stragglers, total)
+        engine = cls(
             client,
             program,
             request.data,
@@ -204,7 +241,10 @@ class AllReduceEngine:
             reason=options.reason,
             stats_labels=list(request.stats),
             stats_every=request.stats_every,
+            stragglers=stragglers,
         )
+        engine.backups = options.backup_replicas
+        return engine
 
     # -- the step-engine interface ----------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
@@ -302,6 +342,7 @@ class AllReduceEngine:
                 self.bucket_bytes,
                 *data,
                 lease=self.lease,
+                needed=self._needed(len(members)),
                 key=allreduce_key(self.name, "start", i, token),
                 workers=[w],
                 allow_other_workers=False,
@@ -311,18 +352,28 @@ class AllReduceEngine:
             for i, w in enumerate(members)
         ]
 
-    def _submit(self, step: int, sync: bool) -> None:
+    def _needed(self, members: int) -> int | None:
+        """How many gradients a backup group applies (None: an all-reduce of every member's)."""
+        return None
+
+    def _calls(self, step: int, sync: bool) -> list:
+        """The ``(key, arguments of run_step)`` of each rank's task of ``step``."""
         index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
+        group, reduction = self.group, self.program.loss_reduction
+        return allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync, reduction)
+
+    def _submit(self, step: int, sync: bool) -> None:
         group, futures = self.group, []
-        reduction = self.program.loss_reduction
-        calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync, reduction)
+        calls = self._calls(step, sync)
+        delays = step_delays(self.stragglers, step, group.size)
         due = bool(self.stats_every) and step % self.stats_every == 0
         for rank, ((key, args), worker) in enumerate(zip(calls, group.addresses, strict=True)):
             futures.append(
                 self.client.submit(
                     run_step,
                     *args,
-                    stats=due and rank == 0,  # one replica reports them (its shard's statistics)
+                    stats=due,  # every replica computes them on its shard; _outcome joins them
+                    delay=delays[rank],
                     key=key,
                     workers=[worker],
                     allow_other_workers=False,
@@ -432,11 +483,7 @@ class AllReduceEngine:
             self.group = None
 
     def _outcome(self, step: int, results: list[dict]) -> StepOutcome:
-        fetches = {}
-        reductions = self.program.fetch_reductions or (Reduction("mean"),) * len(self.labels)
-        for k, label in enumerate(self.labels):  # each replica weighted its means; the rest combine as they are
-            value = np.asarray(combine(reductions[k], [r["fetches"][k] for r in results]))
-            fetches[label] = value.item() if value.ndim == 0 else value
+        fetches = _outcome_fetches(self.program, self.labels, results)
         compute = {r["worker"]: r["compute_seconds"] for r in results}
         metrics = {
             "replicas": len(results),
@@ -447,11 +494,21 @@ class AllReduceEngine:
             "bytes_moved": sum(r["bytes_received"] for r in results),
             "bytes_received": max(r["bytes_received"] for r in results),
             "bytes_sent": max(r["bytes_sent"] for r in results),
-            "dropped": 0,
+            "dropped": [],
             "restarts": self.restarts,
             "tasks": len(results),
+            **arrival_metrics(results),
         }
         metrics["spans"] = self.lanes.step(step, results)
         reported = next((r["stats"] for r in results if "stats" in r), None)
         stats = dict(zip(self.stats_labels, reported, strict=True)) if reported is not None else {}
+        stats = {}
+        reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
+        if reported:  # the global batch's statistics (workbench.cluster.stat_combine)
+            if self._stat_rules is None:
+                self._stat_rules = stat_rules(self.program)
+            joined = combine_stats(
+                self._stat_rules, [r["stats"] for r in reported], [r["stats_share"] for r in reported]
+            )
+            stats = dict(zip(self.stats_labels, joined, strict=True))
         return StepOutcome(step, fetches, metrics, stats=stats)

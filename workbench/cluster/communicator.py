@@ -98,6 +98,11 @@ class Mailbox:
             if slot is not None and slot.done():
                 del self._slots[full]
 
+    def has(self, group: str, key: str) -> bool:
+        """Whether ``key`` of ``group`` has arrived and is not taken yet (on the event loop)."""
+        slot = self._slots.get(f"{group}|{key}")
+        return slot is not None and slot.done() and not slot.cancelled()
+
     def release(self, group: str) -> None:
         """Forget ``group``: drop what arrived for it, cancel its waiters, ignore what comes later."""
         self._closed.add(group)
@@ -290,6 +295,10 @@ class Communicator:
             for task in sent:
                 task.cancel()
             self.waiting_on.pop(bucket, None)
+
+    async def send(self, peer: int, key: str, value) -> None:
+        """Send ``value`` (an array) to rank ``peer``'s mailbox under ``key`` (on the event loop; bounded)."""
+        await self._put(peer, key, value)
 
     async def _put(self, peer: int, key: str, value) -> None:
         try:

@@ -13,8 +13,11 @@ Two come built in:
   computes its shard's gradients, all-reduces them worker to worker and updates
   its own replica of the variables (:mod:`workbench.cluster.allreduce`);
 - ``"parameter_server"``: each step is a task graph, replicas -> a fixed-order
-  reduction tree -> one update task (:mod:`workbench.cluster.fit`). What backup
-  replicas, dask-array data and GPU workers need.
+  reduction tree -> one update task (:mod:`workbench.cluster.fit`). What dask-array data,
+  GPU workers and more replicas (backups included) than workers need.
+
+Both run ``fit(backup_replicas=b)`` (the all-reduce engine through
+:mod:`workbench.cluster.backup_engine`), and ``"async"`` is asynchronous SGD.
 
 A strategy may also say which fits it cannot train (``limits``). When ``fit`` is
 not given a strategy and the default cannot train it, ``parameter_server`` does,
@@ -50,10 +53,21 @@ def _allreduce(request: FitRequest, client, options: ClusterOptions, events: Eve
     return AllReduceEngine.for_fit(request, client, options, events)
 
 
+def _async(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
+    from workbench.cluster.asynchronous import AsyncEngine
+
+    return AsyncEngine(request, client, options, events)
+
+
+def async_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:
+    """Why the ``async`` strategy cannot train this fit, or None."""
+    if options.backup_replicas:
+        return f"asynchronous SGD applies every gradient, so backup_replicas={options.backup_replicas} means nothing"
+    return None
+
+
 def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:
     """Why the ``allreduce`` strategy cannot train this fit, or None."""
-    if options.backup_replicas:
-        return f"backup_replicas={options.backup_replicas} needs a reducer that drops the slowest shards"
     chunked = sorted(name for name, value in request.data.items() if is_dask_array(value))
     if chunked:
         return f"it takes NumPy data, and {chunked} are dask arrays"
@@ -62,13 +76,25 @@ def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> st
     workers = options.worker_count(client)
     if options.replicas is not None and options.replicas > workers:
         return f"it runs one replica per worker, and replicas={options.replicas} exceeds the {workers} workers"
+    backups = options.backup_replicas
+    if backups and (options.replicas or 1) + backups > workers:
+        return (
+            f"it runs one replica per worker, and replicas={options.replicas or 1} + backup_replicas={backups} "
+            f"exceeds the {workers} workers"
+        )
+    if backups and request.stats_every:
+        return f"fit(stats=...) is not reported with backup_replicas={backups}"
     return None
 
 
 #: Strategy name to engine factory.
-STRATEGIES: dict[str, Callable[..., StepEngine]] = {"parameter_server": _parameter_server, "allreduce": _allreduce}
+STRATEGIES: dict[str, Callable[..., StepEngine]] = {
+    "parameter_server": _parameter_server,
+    "allreduce": _allreduce,
+    "async": _async,
+}
 #: Strategy name to ``limits(request, client, options) -> reason or None``: the fits it cannot train.
-LIMITS: dict[str, Callable[..., str | None]] = {"allreduce": allreduce_limits}
+LIMITS: dict[str, Callable[..., str | None]] = {"allreduce": allreduce_limits, "async": async_limits}
 #: The strategy ``fit`` uses on a cluster when none is named.
 DEFAULT_STRATEGY = "allreduce"
 #: The strategy ``fit`` falls back to when the default cannot train a fit.

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 from dask.task_spec import List, TaskRef
 
+from workbench.cluster.allreduce import step_delays
 from workbench.cluster.health import StepDeadline, scheduler_workers, silence_threshold, silent_workers
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
 from workbench.cluster.options import ClusterOptions
@@ -29,6 +30,7 @@ from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit,
 from workbench.errors import ClusterError, FeedError, WorkbenchError
 from workbench.events import EventStream, Restarted, Synced
 from workbench.fitloop import FitRequest, StepOutcome
+from workbench.stragglers import coerce as coerce_stragglers
 from workbench.training import batch_indices, is_dask_array
 
 
@@ -76,6 +78,8 @@ class ParameterServer:
         self.data = {name: request.data[name] for name in self.program.feeds}
         self.num_examples = len(next(iter(self.data.values())))
         self.labels = list(request.fetches)
+        self.stragglers = coerce_stragglers(request.stragglers, self.replicas + self.backups)
+        self.decided: dict[int, tuple] = {}  # backups: step -> (replicas used, wall time the step went on)
         self.restarts = 0
         self._transient = _infrastructure_errors()
 
@@ -231,8 +235,9 @@ class ParameterServer:
 
         shards_ = self.replicas + self.backups
         weight = (lambda part: len(part) / len(index)) if not self.backups else (lambda part: 1.0 / self.replicas)
+        delays = step_delays(self.stragglers, step, shards_)
         tasks, keys = replica_tasks(
-            self.program_ref, previous, data, index, shards_, weight, self.graph_name, step, self.token
+            self.program_ref, previous, data, index, shards_, weight, self.graph_name, step, self.token, delays
         )
         # replica i prefers worker i (mod the count): the scheduler alone would put every
         # replica next to the variables, on one worker
@@ -245,6 +250,7 @@ class ParameterServer:
             )
         if self.backups:
             replicas = self._first_to_finish(replicas)
+            self.decided[step] = ([int(f.key[1].rsplit("-r", 1)[-1]) for f in replicas], time.time())
         combine = combine_tasks(self.program_ref, previous, [TaskRef(f.key) for f in replicas], keys, self.token)
         metrics, update = self.client.get(combine, [keys["metrics"], keys["update"]], sync=False, workers=where)
         self.updates[step] = update
@@ -284,8 +290,19 @@ class ParameterServer:
             "bytes_moved": (self.replicas - 1) * 2 * self.state_bytes,
             "dropped": self.backups,
             "spans": task_spans(self.lanes, step, metrics.get("tasks", [])),
+            **self._arrivals(step, metrics.get("ready", {})),
         }
         return StepOutcome(step, dict(zip(self.labels, metrics["fetches"])), measured)
+
+    def _arrivals(self, step: int, ready: dict) -> dict:
+        """``delays``, ``arrivals`` (from the earliest replica's start, wall clock) and ``dropped``: a
+        dropped replica's arrival is no earlier than when the step went on without it."""
+        shards_ = self.replicas + self.backups
+        used, decided = self.decided.pop(step, (list(range(shards_)), None))
+        begun = min((start for start, _ in ready.values()), default=0.0)
+        arrivals = [ready[r][1] - begun if r in ready else decided - begun for r in range(shards_)]
+        dropped = [r for r in range(shards_) if r not in used]
+        return {"delays": step_delays(self.stragglers, step, shards_), "arrivals": arrivals, "dropped": dropped}
 
     def _sync(self, step: int) -> None:
         variables, state = self._fetch(self.updates.pop(step), step, whole=True)

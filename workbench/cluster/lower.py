@@ -129,17 +129,21 @@ def step_keys(name: str, step: int, replicas: int, token: str) -> dict[str, Any]
     }
 
 
-def replica_tasks(program, state, data, index: np.ndarray, shards_: int, weight, name: str, step: int, token: str):
+def replica_tasks(
+    program, state, data, index: np.ndarray, shards_: int, weight, name: str, step: int, token: str, delays=None
+):
     """The replica tasks of one step: one per shard, each the forward and backward pass of its rows.
 
     ``weight(part)`` scales a shard's gradient (its share of the global batch); each task
-    also gets where its shard starts in the batch (random ops key their draws by global row).
+    also gets where its shard starts in the batch (random ops key their draws by global row);
+    ``delays``: each replica's injected delay (``fit(stragglers=...)``).
     """
     keys = step_keys(name, step, shards_, token)
     tasks, offset = {}, 0
-    for key, part in zip(keys["grads"], shards(index, shards_)):
+    for i, (key, part) in enumerate(zip(keys["grads"], shards(index, shards_))):
         sources = data(part) if callable(data) else data
-        tasks[key] = Task(key, replica_gradients, program, state, part, weight(part), offset, *sources)
+        late = {"replica": i, "delay": float(delays[i])} if delays is not None else {"replica": i}
+        tasks[key] = Task(key, replica_gradients, program, state, part, weight(part), offset, *sources, **late)
         offset += len(part)
     return tasks, keys
 

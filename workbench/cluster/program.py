@@ -337,7 +337,14 @@ def take_rows(source, index: np.ndarray) -> np.ndarray:
 
 
 def replica_gradients(
-    program: TrainingProgram, state: dict, index: np.ndarray, weight: float, offset: int, *data
+    program: TrainingProgram,
+    state: dict,
+    index: np.ndarray,
+    weight: float,
+    offset: int,
+    *data,
+    replica: int = 0,
+    delay: float = 0.0,
 ) -> dict:
     """One replica's shard: gradients weighted for the global batch's loss.
 
@@ -345,8 +352,9 @@ def replica_gradients(
     when the loss is a mean over the rows, by 1 when it is a sum; mean fetches by it too (the others
     combine by what they are, in :func:`reduce_pair`). ``offset`` is where the shard starts in the
     global batch; ``data`` holds one source per placeholder of ``program.feeds``, in order.
+    ``replica``: the shard's replica id; ``delay``: seconds it waits after computing (``fit(stragglers=...)``).
     """
-    started, began = time.perf_counter(), time.time()
+    started, start_wall = time.perf_counter(), time.time()
     plans = compiled(program)
     device = plans.device
     plans.replica_state.clear()
@@ -366,15 +374,30 @@ def replica_gradients(
         device.xp.asarray(v) * share if r is None else weighted(r, device.xp.asarray(v), share)
         for v, r in zip(values[n:], reductions, strict=True)
     ]
+    computed = time.perf_counter() - started
+    if delay > 0:  # a straggler: its worker's thread is free meanwhile (the server's update may run there)
+        _leave_thread_pool()
+        time.sleep(delay)
     return {
         "grads": grads,
         "fetches": fetches,
         "reductions": program.fetch_reductions,
-        "compute": {_worker_address(): time.perf_counter() - started},
+        "compute": {_worker_address(): computed},
         "reduce_seconds": 0.0,
         "shards": 1,
-        "tasks": [task_mark(_worker_address(), "compute", began)],  # the step's timeline (cluster.spans)
+        "tasks": [task_mark(_worker_address(), "compute", start_wall)],  # the step's timeline (cluster.spans)
+        "ready": {int(replica): (start_wall, time.time())},  # wall clock: when it began and handed in
     }
+
+
+def _leave_thread_pool() -> None:
+    """``distributed.secede`` inside a worker's task (a no-op elsewhere)."""
+    try:
+        from distributed import secede
+
+        secede()
+    except (ImportError, ValueError):
+        pass
 
 
 def reduce_pair(a: dict, b: dict) -> dict:
@@ -398,6 +421,7 @@ def reduce_pair(a: dict, b: dict) -> dict:
             *b["tasks"],
             task_mark(_worker_address(), "communicate", began, (a["tasks"][-1], b["tasks"][-1])),
         ],
+        "ready": {**a.get("ready", {}), **b.get("ready", {})},
     }
 
 
@@ -429,6 +453,7 @@ def step_metrics(reduced: dict, new_state: dict) -> dict:
         "shards": reduced["shards"],
         "step": new_state["step"],
         "tasks": new_state.get("tasks", []),
+        "ready": reduced.get("ready", {}),
     }
 
 

@@ -34,6 +34,7 @@ from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
 from workbench.cluster.spans import injected_delay, worker_marks
+from workbench.cluster.stat_combine import gradient_norm_indices
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import Reduction, weighted
 from workbench.graph.compile import compile_plan
@@ -90,6 +91,7 @@ class Replica:
         group: CollectiveGroup,
         bucket_bytes: int = 4 << 20,
         data: tuple = (),
+        needed: int | None = None,
     ):
         reuse_freed_memory()  # else every large temporary of a step is a fresh mmap in a Dask worker
         self.program, self.group = program, group
@@ -142,6 +144,14 @@ class Replica:
         self.forward.watch(range(n), self._produced)
         if self.forward_stats is not None:
             self.forward_stats.watch(range(n), self._produced)
+        # backup replicas (fit(backup_replicas=b)): the first ``needed`` of the group's gradients are applied
+        self.backup = None
+        if needed is not None:
+            from workbench.cluster.backups import BackupRank
+
+            self.backup = BackupRank(self.comm, needed, step, len(self.buckets), program.loss_reduction == "mean")
+        self._deferred = False
+        self.norm_of = gradient_norm_indices(program)  # grad_norm statistics: of the all-reduced gradients
 
     def _layout(self, dtypes: list[str], bucket_bytes: int) -> None:
         """Buckets in the order the backward pass makes the gradients, and each gradient's view into its bucket."""
@@ -170,9 +180,8 @@ class Replica:
         self._packed[i] = True
         b = self.bucket_of[i]
         self._missing[b] -= 1
-        if self._missing[b] == 0:
+        if self._missing[b] == 0 and not self._deferred:
             self._handles[b] = self.comm.start(f"{self._step}.{b}", self.flats[b], self._scale)
-            self._marks.arrived("gradients")  # the last bucket's start: when this rank handed its part in
 
     def run(
         self,
@@ -184,13 +193,15 @@ class Replica:
         fetch_weight: float,
         sync: bool,
         stats: bool = False,
+        delay: float = 0.0,
     ) -> dict:
         """Step ``step`` on the examples ``rows`` (this replica's shard); see the module's docstring.
 
         ``offset``: where the shard starts in the global batch; ``weight``: what each gradient is
         multiplied by on its way into its bucket; ``scale``: what the sum is multiplied by;
         ``fetch_weight``: the shard's share of the batch (its fetches are weighted by it); ``stats``:
-        also compute the program's statistic ops and return them (``"stats"``: this replica's values).
+        also compute the program's statistic ops and return them (``"stats"``: this replica's values);
+        ``delay``: seconds to wait after computing, before handing the gradient in (``fit(stragglers=...)``).
         """
         self.used, self._running = time.monotonic(), True
         self._marks = worker_marks()  # the step's spans (workbench.cluster.spans)
@@ -200,7 +211,7 @@ class Replica:
             self._running = False
             raise
         try:
-            return self._run(step, rows, offset, weight, scale, fetch_weight, sync, stats)
+            return self._run(step, rows, offset, weight, scale, fetch_weight, sync, stats, delay)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
@@ -220,9 +231,12 @@ class Replica:
         if not ready or self.step != step - 1:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
 
-    def _run(self, step, rows, offset, weight, scale, fetch_weight, sync, stats=False) -> dict:
+    def _run(self, step, rows, offset, weight, scale, fetch_weight, sync, stats=False, delay=0.0) -> dict:
+        start_wall = time.time()  # wall clock: the driver lines the replicas' steps up by it
         for handle in self._settling:  # the buckets are ours to write again once peers have read them
             handle.wait(self.group.timeout)
+        if self.backup is not None and self.backup.decided(step):  # out of this step before it began
+            return self._catch_up(step, rows, start_wall, fetch_weight, sync, delay)
         started, marks = time.perf_counter(), self._marks
         began = time.time()
         if injected_delay(self.comm.rank):  # tests: this rank made late
@@ -238,6 +252,7 @@ class Replica:
         self._packed = [False] * n
         self._missing = [len(b.gradients) for b in self.buckets]
         self._handles: list = [None] * len(self.buckets)
+        self._deferred = delay > 0 or self.backup is not None  # the gradient is handed in after the delay
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
         feeds = [take_rows(self.data[k], rows) for k in self.feed_order]
         # random ops (dropout) draw per step, and per row of the global batch, however it is split
@@ -253,12 +268,23 @@ class Replica:
         fetches = [weighted(r, np.array(v, copy=True), fetch_weight) for v, r in zip(values[n:m], reductions)]
         reported = [float(np.asarray(v)) for v in values[m:]] if stats else None
         computed, computed_at = time.perf_counter(), time.time()
-        if not all(handle.done() for handle in self._handles):
+        ready_wall = self._hand_in(delay)
+        handed = time.perf_counter()  # the reduction's wait starts here, after the straggler's delay
+        used = None
+        if self.backup is not None:  # the first R gradients' mean, the same for every rank (this one's or not)
             self._before_waiting()
-        for handle in self._handles:  # the sums are in the buckets (read-only until the next step settles them)
-            handle.summed(self.group.timeout)
-        self._settling = self._handles
+            used = self.backup.exchange(step, self.flats, start_wall, ready_wall, len(rows))
+            self._settling = []
+        else:
+            if not all(handle.done() for handle in self._handles):
+                self._before_waiting()
+            for handle in self._handles:  # the sums are in the buckets (read-only until the next step settles them)
+                handle.summed(self.group.timeout)
+            self._settling = self._handles
         reduced, reduced_at = time.perf_counter(), time.time()
+        marks.arrived("gradients", ready_wall)  # handed in (after a straggler's delay)
+        if reported is not None:  # the global batch's gradient norms (see workbench.cluster.stat_combine)
+            reported = [float(np.linalg.norm(self.views[i])) if i >= 0 else v for v, i in zip(reported, self.norm_of)]
         self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step
         marks.phase("compute", began, computed_at)
@@ -270,16 +296,68 @@ class Replica:
             "worker": self.group.addresses[self.comm.rank],
             "fetches": fetches,
             "compute_seconds": computed - started,
-            "allreduce_wait_seconds": reduced - computed,
+            "allreduce_wait_seconds": reduced - handed,
             "update_seconds": time.perf_counter() - reduced,
             "bytes_sent": self.comm.bytes_sent - sent,
             "bytes_received": self.comm.bytes_received - received,
             "marks": marks.as_dict(),
+            "delay": float(delay),
+            "share": fetch_weight,
+            "start_wall": start_wall,
+            "ready_wall": ready_wall,
         }
+        if used is not None:
+            result["used"], result["decided_wall"] = used, self.backup.decided_wall
         if sync and self.comm.rank == 0:
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         if reported is not None:
-            result["stats"] = reported
+            result["stats"], result["stats_share"] = reported, float(fetch_weight)
+        return result
+
+    def _hand_in(self, delay: float) -> float:
+        """A straggler's wait (after computing, before its gradient goes anywhere; with backups cut
+        short when the step goes on without it); the all-reduces held back meanwhile start now. The
+        wall-clock time the gradient was ready."""
+        if delay > 0:
+            self._before_waiting()
+            if self.backup is not None:
+                self.backup.wait_decided(self._step, delay)
+            else:
+                time.sleep(delay)
+        ready = time.time()
+        if self.backup is None:
+            for b, handle in enumerate(self._handles):
+                if handle is None:
+                    self._handles[b] = self.comm.start(f"{self._step}.{b}", self.flats[b], self._scale)
+        return ready
+
+    def _catch_up(self, step, rows, start_wall, fetch_weight, sync, delay) -> dict:
+        """A backup replica whose step was decided without it: no gradient, the same update as the others."""
+        self._before_waiting()
+        began = time.perf_counter()
+        used = self.backup.exchange(step, self.flats, start_wall, time.time(), len(rows), out=True)
+        reduced = time.perf_counter()
+        self.update.run([self.views[i] for i in self.update_order], self.program.check_numerics)
+        self.step, self._settling = step, []
+        result = {
+            "step": step,
+            "rank": self.comm.rank,
+            "worker": self.group.addresses[self.comm.rank],
+            "fetches": None,
+            "compute_seconds": 0.0,
+            "allreduce_wait_seconds": reduced - began,
+            "update_seconds": time.perf_counter() - reduced,
+            "bytes_sent": 0,
+            "bytes_received": 0,
+            "delay": float(delay),
+            "share": fetch_weight,
+            "start_wall": start_wall,
+            "ready_wall": time.time(),
+            "used": used,
+            "decided_wall": self.backup.decided_wall,
+        }
+        if sync and self.comm.rank == 0:
+            result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         return result
 
     def _before_waiting(self) -> None:
@@ -293,6 +371,8 @@ class Replica:
         return self._running
 
     def close(self) -> None:
+        if self.backup is not None:
+            self.backup.close()
         self.comm.close()
 
 
@@ -337,6 +417,7 @@ def start_replica(
     bucket_bytes: int,
     *data,
     lease: float = 0.0,
+    needed: int | None = None,
 ) -> str:
     """Make this worker's replica of ``group``'s run (dropping older generations of the same run).
 
@@ -345,7 +426,7 @@ def start_replica(
     when no step came for that many seconds (see :func:`expired`).
     """
     run = group.token.rsplit(".", 1)[0]
-    replica = Replica(program, variables, step, group, bucket_bytes, data)
+    replica = Replica(program, variables, step, group, bucket_bytes, data, needed)
     replica.start_key, replica.lease = _current_key(), float(lease or 0.0)
     _watch_leases()
     with _LOCK:
@@ -366,13 +447,14 @@ def run_step(
     sync: bool,
     _started,
     stats: bool = False,
+    delay: float = 0.0,
 ) -> dict:
     """One replica's step ``step`` (``_started``: the replica's start task, a dependency for the order;
     ``stats``: also report the model's statistics, see :meth:`Replica.run`)."""
     replica = _REPLICAS.get(token)
     if replica is None:
         raise CollectiveError(f"no replica of run {token!r} on this worker (restarted?)")
-    return replica.run(step, rows, offset, weight, scale, fetch_weight, sync, stats)
+    return replica.run(step, rows, offset, weight, scale, fetch_weight, sync, stats, delay)
 
 
 def stop_replicas(token: str) -> None:

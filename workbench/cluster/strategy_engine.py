@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.cluster import failures
-from workbench.cluster.allreduce import AllReduceEngine
+from workbench.cluster.allreduce import AllReduceEngine, step_delays
 from workbench.cluster.collective import CollectiveGroup
 from workbench.cluster.lower import allreduce_calls, allreduce_key
 from workbench.cluster.program import worker_device
@@ -22,6 +22,7 @@ from workbench.cluster.strategy_replica import StrategyProgram, run_strategy_ste
 from workbench.errors import ClusterError
 from workbench.graph.batch_reduction import fetch_reduction
 from workbench.strategies.program import ReplicaProgram
+from workbench.stragglers import coerce as coerce_stragglers
 from workbench.training import batch_indices
 
 #: Checkpoint members of every rank's own state: ``replicas/<rank>/<name>``, as the simulation names them.
@@ -139,12 +140,14 @@ class StrategyEngine(AllReduceEngine):
         index = next(batch_indices(self.num_examples, self.batch_size, step, self.batch_seed, start=step - 1))
         group, futures = self.group, []
         calls = allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync)
-        for (key, args), worker in zip(calls, group.addresses, strict=True):
+        delays = step_delays(self.stragglers, step, group.size)
+        for (key, args), worker, delay in zip(calls, group.addresses, delays, strict=True):
             args = (*args[:7], sync, *args[8:])  # every rank brings its state home at a sync, not rank 0 alone
             futures.append(
                 self.client.submit(
                     run_strategy_step,
                     *args,
+                    delay=delay,
                     key=key,
                     workers=[worker],
                     allow_other_workers=False,
@@ -171,6 +174,12 @@ def make(request, client, options, events, strategy):
             raise ClusterError(
                 f"a strategy runs one replica per worker; replicas={replicas} exceeds the {workers} workers"
             )
+        if options.backup_replicas:
+            raise ClusterError(
+                f"backup_replicas={options.backup_replicas} is trained by strategy='allreduce' (the default) or "
+                f"'parameter_server', not by the strategy function {strategy!r}"
+            )
+        stragglers = coerce_stragglers(request.stragglers, replicas)
         fetches = tuple(request.fetches.values())
         built = ReplicaProgram.build(request.graph, request.train, strategy, replicas, fetches, request.feeds)
         shipped = strategy_program(request, built)
@@ -192,5 +201,6 @@ def make(request, client, options, events, strategy):
             sync_every=options.sync_every,
             events=events,
             reason=options.reason,
+            stragglers=stragglers,
         )
     return engine

@@ -98,11 +98,12 @@ class _Waiting:
 class WorkerComm:
     """What a replica's plan runs with on a worker: collective kernels on the worker's communicator."""
 
-    def __init__(self, comm, step: int):
+    def __init__(self, comm, step: int, delay: float = 0.0):
         self.comm, self.step = comm, step
         self.rank, self.size = comm.rank, comm.size
         self.calls = self.collectives = 0
         self.wait_seconds = 0.0
+        self.delay, self.ready_wall = float(delay), None
         self.marks = worker_marks()  # the step's spans (workbench.cluster.spans)
         self.cursor = getattr(self.marks, "begin", 0.0)
 
@@ -113,7 +114,16 @@ class WorkerComm:
         self.marks.phase("collective", began, now, bucket)
         self.cursor = now
 
+    def hand_in(self) -> None:
+        """Once a step, before this rank's first collective (or at its end): a straggler's delay
+        (``fit(stragglers=...)``), then the wall-clock time its contribution was ready."""
+        if self.ready_wall is None:
+            if self.delay > 0:
+                time.sleep(self.delay)
+            self.ready_wall = time.time()
+
     def start(self, kind: str, xp, value, **attrs) -> _Waiting:
+        self.hand_in()
         value = np.asarray(value)
         bucket = f"{self.step}.s{self.calls}"  # every rank runs the same plan: the n-th collectives match
         self.calls += 1
@@ -165,7 +175,7 @@ class StrategyReplica:
                 graph, [UPDATE, *program.fetches], fed, device, state=self.variables, seed=program.seed, own_state=True
             )
 
-    def run(self, step: int, rows, offset: int, fetch_weight: float, sync: bool) -> dict:
+    def run(self, step: int, rows, offset: int, fetch_weight: float, sync: bool, delay: float = 0.0) -> dict:
         with self.turn:  # steps run in order (a later step that started early waits, bounded)
             ready = self.turn.wait_for(lambda: self.failed or self.step >= step - 1, timeout=self.group.timeout)
         if self.failed:
@@ -173,7 +183,7 @@ class StrategyReplica:
         if not ready or self.step != step - 1:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
         try:
-            return self._run(step, rows, offset, fetch_weight, sync)
+            return self._run(step, rows, offset, fetch_weight, sync, delay)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
@@ -181,20 +191,22 @@ class StrategyReplica:
             with self.turn:
                 self.turn.notify_all()
 
-    def _run(self, step, rows, offset, fetch_weight, sync) -> dict:
+    def _run(self, step, rows, offset, fetch_weight, sync, delay=0.0) -> dict:
         program, inputs = self.program, dict(self.program.inputs)
         plan = self.plans[program.due(step)]
         if len(_REPLICAS) > 1 and self.comm.size > 1:
             leave_thread_pool()  # waits for peers while another run shares this worker
-        started = time.perf_counter()
+        started, start_wall = time.perf_counter(), time.time()
         sent, received = self.comm.bytes_sent, self.comm.bytes_received
         feeds = {name: take_rows(source, rows) for name, source in zip(program.feeds, self.data, strict=True)}
         feeds[inputs["id"]] = np.array(self.comm.rank, dtype=np.int64)
         feeds[inputs["step"]] = np.array(step, dtype=np.int64)
         weight = fetch_weight if program.loss_reduction == "mean" else 1.0
         feeds[inputs["weight"]] = np.array(weight, dtype=program.weight_dtype)
-        comm = WorkerComm(self.comm, step)
+        comm = WorkerComm(self.comm, step, delay)
+        comm.weight = float(weight)  # what weighted collectives scale by (cross_replica_sum's gradient)
         values = plan.run([feeds[n] for n in plan.feed_names], step=step - 1, row_offset=offset, comm=comm)
+        comm.hand_in()  # a step without collectives: late at its end
         self.step = step
         fetches = [
             weighted(r, np.array(v, copy=True), fetch_weight)
@@ -214,6 +226,9 @@ class StrategyReplica:
             "bytes_received": self.comm.bytes_received - received,
             "collectives": comm.collectives,
             "marks": comm.marks.as_dict(),
+            "delay": comm.delay,
+            "start_wall": start_wall,
+            "ready_wall": comm.ready_wall,
         }
         if sync:  # every rank: replicas may differ between averaging steps (local SGD's optimizer slots)
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
@@ -239,9 +254,12 @@ def start_strategy_replica(
     return group.addresses[replica.comm.rank]
 
 
-def run_strategy_step(token: str, step: int, rows, offset: int, _weight, _scale, fetch_weight, sync, _started):
-    """One replica's step ``step`` (the arguments of :func:`workbench.cluster.lower.allreduce_calls`)."""
+def run_strategy_step(
+    token: str, step: int, rows, offset: int, _weight, _scale, fetch_weight, sync, _started, delay: float = 0.0
+):
+    """One replica's step ``step`` (the arguments of :func:`workbench.cluster.lower.allreduce_calls`;
+    ``delay``: the seconds it is made late, see :meth:`WorkerComm.hand_in`)."""
     replica = _REPLICAS.get(token)
     if not isinstance(replica, StrategyReplica):
         raise CollectiveError(f"no strategy replica of run {token!r} on this worker (restarted?)")
-    return replica.run(step, rows, offset, fetch_weight, sync)
+    return replica.run(step, rows, offset, fetch_weight, sync, delay)

@@ -358,7 +358,10 @@ def _walk(graph: Graph, start: dict[str, Reduction]) -> dict[str, Reduction]:
         else:
             ins = [out.get(t.name, SAME) for t in op.inputs]
             mixed = next((r for r in ins if r.kind == "mixed"), None)
-            found = mixed if mixed is not None else _rule(op, ins)
+            if op.opdef.collective:  # every replica gets the same bits (batch norm's global moments)
+                found = SAME
+            else:
+                found = mixed if mixed is not None else _rule(op, ins)
         per_output = found if isinstance(found, tuple) else (found,) * len(op.outputs)  # scan, cond: one each
         for t, r in zip(op.outputs, per_output, strict=True):
             out[t.name] = r

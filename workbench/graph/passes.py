@@ -6,6 +6,8 @@ into constants of given values (``bind_defaults``: the defaults of those not fed
 branch of a ``where`` whose condition is a known scalar), ``eliminate_common_subexpressions`` merges ops that
 compute the same thing (the removed names become aliases of the kept ones), and
 ``validate`` checks a graph's invariants; the tests run it after every pass.
+``optimize`` chains them for a plan, with ``layout.fold_transposes`` (transposes that
+cancel or that elementwise ops and reductions do without).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from workbench.errors import GraphError
 from workbench.graph.core import Graph, Operation
+from workbench.graph.layout import fold_transposes
 from workbench.ops import registry, rules
 
 FOLD_LIMIT = 1 << 16  # fold only results of at most this many elements
@@ -222,12 +225,15 @@ def eliminate_common_subexpressions(graph: Graph, max_constant: int = 1024) -> G
     return rebuild(graph, merged=merged)[0]
 
 
-def optimize(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = ()) -> Graph:
+def optimize(graph: Graph, fetches: Iterable[str], fed: Iterable[str] = (), *, transposes: bool = True) -> Graph:
     """The passes a plan runs: prune, bind the defaults of placeholders not fed, fold constants,
-    merge common subexpressions, prune again."""
+    merge common subexpressions, fold transposes away (:func:`~workbench.graph.layout.fold_transposes`;
+    not with ``transposes=False``), prune again."""
     fetches, fed = list(fetches), list(fed)
     graph = bind_defaults(prune(graph, fetches, fed), fed)
     graph = eliminate_common_subexpressions(fold_constants(graph))
+    if transposes:
+        graph = fold_transposes(graph, fetches)
     return prune(graph, fetches, fed)
 
 

@@ -189,10 +189,19 @@ class Plan:
 
     def _bind_start(self, op: Operation) -> Callable:
         """The start of a collective: hands its input to the run's communicator, returns the handle."""
-        plan, kind, xp, attrs = self, op.type, self.xp, op.attrs
+        kind = op.opdef.collective if isinstance(op.opdef.collective, str) else op.type
+        plan, xp, attrs = self, self.xp, op.attrs
 
         def start_step(value):
             return plan._comm.start(kind, xp, value, **attrs)
+
+        if attrs.get("weighted"):  # each rank's part scaled by its replica's weight (see cross_replica_sum)
+
+            def start_step(value):  # noqa: F811 - the weighted form of the start above
+                share = getattr(plan._comm, "weight", 1.0)
+                if share == 1.0:
+                    return plan._comm.start(kind, xp, value, **attrs)
+                return _Unweighted(plan._comm.start(kind, xp, value * share, **attrs), share)
 
         return start_step
 
@@ -462,3 +471,18 @@ def _nothing(slots) -> tuple:
 def _with_slots(get: Callable) -> Callable:
     """A getter that passes the slot list first (donating and in-place steps check it)."""
     return lambda slots: (slots, *get(slots))
+
+
+class _Unweighted:
+    """A weighted collective in flight: its result divided by this rank's weight again."""
+
+    __slots__ = ("handle", "share")
+
+    def __init__(self, handle, share: float):
+        self.handle, self.share = handle, share
+
+    def done(self) -> bool:
+        return self.handle.done()
+
+    def wait(self, timeout: float | None = None):
+        return self.handle.wait() / self.share

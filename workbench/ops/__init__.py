@@ -14,7 +14,7 @@ from workbench.ops.array import (
     stack,
     transpose,
 )
-from workbench.ops.collective import all_gather, all_reduce, broadcast
+from workbench.ops.collective import all_gather, all_reduce, broadcast, cross_replica_sum
 from workbench.ops.math import (
     abs,
     add,
@@ -93,6 +93,7 @@ PUBLIC = (
     "all",
     "all_gather",
     "all_reduce",
+    "cross_replica_sum",
     "argmax",
     "assign",
     "assign_add",

@@ -69,6 +69,31 @@ def broadcast(t, root=0, name=None):
     return apply("broadcast", t, root=int(root), replicas=replica_count(), name=name)
 
 
+def cross_replica_sum(t, name=None):
+    """The sum of ``t`` over every replica, differentiable: its gradient is the sum of the replicas'
+    upstream gradients (TF1's ``tpu.cross_replica_sum``).
+
+    What a layer uses to compute a statistic of the *global* batch inside the replicas' forward pass
+    (batch norm's moments: the sums of the shards' rows and their counts). The sum is in the same
+    fixed pairwise order as ``all_reduce``; every replica gets the same bits, so the result does not
+    depend on the rows of one replica (the data-parallel analysis treats it as the same on every
+    replica). Outside a replicated fit: ``t`` itself.
+    """
+    return apply("cross_replica_sum", t, op="sum", name=name)
+
+
+def _cross_sum_spec(x: TensorSpec, *, op, weighted=False) -> TensorSpec:
+    _fixed_shape(x, "cross_replica_sum")
+    return x
+
+
+def _cross_sum_grad(op, g):
+    # the replicas' upstream gradients weighted by their shares of the batch (r.weight) and divided by
+    # this replica's again, so that weighting the replicas' gradients afterwards gives the gradient of
+    # the global batch's loss exactly, with unequal shards too
+    return (apply("cross_replica_sum", g, op="sum", weighted=True),)
+
+
 def _fixed_shape(x: TensorSpec, what: str) -> None:
     if x.shape is None or any(d is None for d in x.shape):
         shape = "unknown" if x.shape is None else rules.fmt(x.shape)
@@ -110,6 +135,14 @@ def _collective_kernel(kind: str):
 defop("all_reduce", infer=_reduce_spec, kernel=_collective_kernel("all_reduce"), nondiff=_NONDIFF, collective=True)
 defop("all_gather", infer=_gather_spec, kernel=_collective_kernel("all_gather"), nondiff=_NONDIFF, collective=True)
 defop("broadcast", infer=_broadcast_spec, kernel=_collective_kernel("broadcast"), nondiff=_NONDIFF, collective=True)
+# an all_reduce sum with a gradient (its communicator kind is "all_reduce")
+defop(
+    "cross_replica_sum",
+    infer=_cross_sum_spec,
+    kernel=_collective_kernel("all_reduce"),
+    grad=_cross_sum_grad,
+    collective="all_reduce",
+)
 
 # -- what every communicator shares ----------------------------------------------------------
 

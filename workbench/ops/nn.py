@@ -436,6 +436,10 @@ def _dropout_kernel(xp, x, *rate_value, rate, seed, rng):
 
 
 def _dropout_grad(op, g, g_mask):
+    # the mask does not depend on x's values: a gradient reaching only the mask (a second-order one,
+    # through the first gradient's ``g * mask``) is zero for x
+    if g is None:
+        return (None,) * len(op.inputs)
     return (g * op.outputs[1],) + (None,) * (len(op.inputs) - 1)
 
 

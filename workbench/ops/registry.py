@@ -71,8 +71,9 @@ class OpDef:
     # sub-plan and passes them to the kernel as ``plans=`` (a tuple, in this order)
     bodies: tuple[str, ...] = ()
     # a collective (ops/collective.py): the plan starts it with the run's communicator when its input
-    # exists and waits for it at its first consumer; never folded, merged or captured
-    collective: bool = False
+    # exists and waits for it at its first consumer; never folded, merged or captured. A string names
+    # the communicator's kind when it is not the op's type (cross_replica_sum is an "all_reduce")
+    collective: bool | str = False
 
     @property
     def differentiable(self) -> bool:

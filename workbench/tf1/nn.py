@@ -1,7 +1,10 @@
 """``tf.nn``: activations, dropout, convolution and pooling in TensorFlow's NHWC layout, cross-entropies.
 
 NHWC data and HWIO filters (``[height, width, in, out]``) are mapped onto workbench's
-NCHW ops with transposes around each op; ``data_format="NCHW"`` passes through.
+NCHW ops with transposes around each op; ``data_format="NCHW"`` passes through. The plan
+compiler folds the transposes between layers away (:mod:`workbench.graph.layout`): the bias
+adds and activations between them run in NCHW, and a stack of layers keeps one transpose at
+its input and one at its output.
 """
 
 from __future__ import annotations

@@ -162,6 +162,21 @@ def progress_line(state: dict) -> str:
     return line
 
 
+def training_charts(labels) -> list[dict]:
+    """TrainingView's metric charts for curve ``labels`` (in order): each label's chart with its
+    colour and its validation curve (``val_<label>``, drawn in the metric's chart; None without one)."""
+    labels = list(labels)
+    shown = [label for label in labels if not (label.startswith("val_") and label[4:] in labels)]
+    return [
+        {
+            "label": label,
+            "color": COLORS[i % len(COLORS)],
+            "validation": f"val_{label}" if f"val_{label}" in labels else None,
+        }
+        for i, label in enumerate(shown)
+    ]
+
+
 def training_svg(title: str, state: dict) -> str:
     """The training view: the progress bar and its text, a chart per curve and samples/s, worker utilization."""
     steps, step = state.get("steps") or 0, state.get("step") or 0
@@ -177,11 +192,12 @@ def training_svg(title: str, state: dict) -> str:
         element("text", progress_line(state), x=14, y=40, fill=INK, data_status=state.get("status", "")),
     ]
     curves = state.get("curves") or {}
-    shown = [(label, pts) for label, pts in curves.items() if not (label.startswith("val_") and label[4:] in curves)]
-    charts = [(label, [(pts, COLORS[i % len(COLORS)], False)]) for i, (label, pts) in enumerate(shown)]
-    for label, series in charts:  # a validation curve over its metric's, dashed
-        if f"val_{label}" in curves:
-            series.append((curves[f"val_{label}"], "#bc4c00", True))
+    charts = []
+    for chart in state.get("charts") or training_charts(curves):  # a state saved before it listed its charts
+        series = [(curves.get(chart["label"]) or [], chart["color"], False)]
+        if chart["validation"]:  # a validation curve over its metric's, dashed
+            series.append((curves.get(chart["validation"]) or [], "#bc4c00", True))
+        charts.append((chart["label"], series))
     charts.append(("samples/s", [(state.get("throughput") or [], "#57606a", False)]))
     for i, (label, series) in enumerate(charts):
         title = f"{label} (dashed: validation)" if len(series) > 1 else label

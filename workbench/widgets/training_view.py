@@ -191,11 +191,17 @@ class TrainingModel:
         total = self.step_time
         return {w: min(b / total, 1.0) if total > 0 else 0.0 for w, b in sorted(self.busy.items())}
 
+    def charts(self) -> list[dict[str, Any]]:
+        """The metric charts in the order their curves first came, each with its colour. The front
+        ends draw these rather than the curves' key order: a saved notebook sorts its JSON keys."""
+        return snapshots.training_charts(self.series)
+
     def snapshot(self) -> dict[str, Any]:
         """Everything the front end draws, as JSON-able data."""
         curves = {k: s.view() for k, s in self.series.items()}
         rates = [p[1] for p in self.throughput.view()]
         return {
+            "charts": self.charts(),
             "status": self.status,
             "steps": self.steps,
             "step": self.step,

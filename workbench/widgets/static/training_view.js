@@ -181,10 +181,13 @@ function render({ model, el: root }) {
     const options = { log: !!model.get("log_scale"), smoothing: Number(model.get("smoothing") || 0),
                       pick, selected: model.get("selected_step") || 0 };
     const children = [], curves = s.curves || {};
-    // A validation curve (val_<label>) is drawn in its metric's chart, not in one of its own.
-    Object.entries(curves).filter(([label]) => !(label.startsWith("val_") && label.slice(4) in curves))
-      .forEach(([label, pts], i) => children.push(
-        chart(label, pts, COLORS[i % COLORS.length], steps, { ...options, val: curves[`val_${label}`] })));
+    // The charts in their order with their colours, as the state lists them (a saved notebook's widget
+    // state has its keys sorted); a validation curve (val_<label>) is drawn in its metric's chart.
+    const shown = s.charts || Object.keys(curves)
+      .filter((label) => !(label.startsWith("val_") && label.slice(4) in curves))
+      .map((label, i) => ({ label, color: COLORS[i % COLORS.length], validation: `val_${label}` in curves ? `val_${label}` : null }));
+    for (const { label, color, validation } of shown)
+      children.push(chart(label, curves[label] || [], color, steps, { ...options, val: validation ? curves[validation] : null }));
     children.push(chart("samples/s", s.throughput || [], "#57606a", steps));
     charts.replaceChildren(...children);
     const util = Object.entries(s.workers || {});

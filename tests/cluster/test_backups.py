@@ -1,0 +1,118 @@
+"""Stragglers and backup replicas on the all-reduce engine (a real cluster of 3 worker processes)."""
+
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench.events import FitStarted, Restarted
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+LATE = dict(p=0.3, delay=0.3, seed=0)
+STEPS = 30
+
+
+def fit(client, kit, steps=STEPS, events=None, **options):
+    model, data = kit.mlp(), kit.blobs(n=240)
+    sess = wb.Session(model["graph"], seed=0, cluster=client)
+    if events is not None:
+        sess.events.subscribe(events.append)
+    history = sess.fit(model["train"], data, batch_size=24, steps=steps, fetches=[model["loss"]], **options)
+    return history, model["loss"].name
+
+
+def test_backups_train_with_allreduce_and_drop_the_latest_arrival(client3, kit):
+    events = []
+    late = wb.stragglers.Bernoulli(**LATE)
+    history, loss = fit(client3, kit, events=events, replicas=2, backup_replicas=1, stragglers=late)
+    started = [e for e in events if isinstance(e, FitStarted)][-1]
+    assert (started.strategy, started.reason, started.replicas) == ("allreduce", "", 3)  # not a fallback
+    assert [r["step"] for r in history.records] == list(range(1, STEPS + 1))
+    for r in history.records:
+        assert len(r["dropped"]) == 1 and r["replicas"] == 2
+        arrivals = r["arrivals"]
+        assert len(arrivals) == 3 and all(a is not None and a >= 0 for a in arrivals)
+        (dropped,) = r["dropped"]
+        assert arrivals[dropped] == max(arrivals), r
+        assert r["delays"] == late.delays(r["step"], 3)
+    losses = np.asarray(history[loss])
+    assert np.isfinite(losses).all() and losses[-5:].mean() < losses[:5].mean()
+
+
+def test_backups_beat_plain_sync_under_the_same_stragglers(client3, kit):
+    late = wb.stragglers.Bernoulli(**LATE)
+    sync, _ = fit(client3, kit, steps=STEPS, replicas=2, stragglers=late)
+    backed, _ = fit(client3, kit, steps=STEPS, replicas=2, backup_replicas=1, stragglers=late)
+    assert all(r["dropped"] == [] for r in sync.records)
+    assert [r["delays"] for r in sync.records] == [late.delays(s, 2) for s in range(1, STEPS + 1)]
+    # a late replica is waited for without backups: its step ends after its arrival
+    for r in sync.records[1:]:
+        if max(r["delays"]) > 0:
+            assert max(r["arrivals"]) >= 0.3
+    # a step with one late replica goes on without it: that replica is the one dropped
+    alone = [r for r in backed.records if sum(d > 0 for d in r["delays"]) == 1]
+    left_out = [r for r in alone if r["dropped"] == [int(np.argmax(r["delays"]))]]
+    assert alone and len(left_out) >= 0.8 * len(alone)
+    # with R = 2 and p = 0.3 about half the plain steps wait for a late replica (1 - 0.7**2), so their
+    # median sits on the edge; the mean is what the waits add up to
+    plain = np.mean([r["time"] for r in sync.records[1:]])
+    backups = np.mean([r["time"] for r in backed.records[1:]])
+    assert backups < plain, (backups, plain)
+
+
+def test_the_same_seed_injects_the_same_delays(client3, kit):
+    late = wb.stragglers.Bernoulli(p=0.5, delay=0.05, seed=3)
+    first, _ = fit(client3, kit, steps=8, replicas=2, backup_replicas=1, stragglers=late)
+    again, _ = fit(client3, kit, steps=8, replicas=2, backup_replicas=1, stragglers=late)
+    assert [r["delays"] for r in first.records] == [r["delays"] for r in again.records]
+    assert any(d > 0 for r in first.records for d in r["delays"])
+
+
+def test_stragglers_reach_the_parameter_server_and_strategy_functions(client3, kit):
+    late = wb.stragglers.Fixed(replica=1, delay=0.2)
+    ps, _ = fit(client3, kit, steps=4, replicas=2, strategy="parameter_server", stragglers=late)
+    local, _ = fit(client3, kit, steps=4, replicas=2, strategy="local_sgd", stragglers=late)
+    for history in (ps, local):
+        for r in history.records:
+            assert r["delays"] == [0.0, 0.2]
+            assert r["arrivals"][1] >= 0.2 and r["arrivals"][1] > r["arrivals"][0]
+
+
+@pytest.fixture
+def fresh3():
+    """Three worker processes of its own: the test kills one."""
+    client = wb.cluster.connect("local", n_workers=3)
+    try:
+        client.wait_for_workers(3, timeout=60)
+        yield client
+    finally:
+        wb.cluster.close(client)
+
+
+def test_a_killed_backup_member_costs_no_progress(fresh3, kit):
+    pids = fresh3.run(os.getpid)
+    victim = sorted(pids)[-1]  # not rank 0, which decides each step
+    events, killed = [], threading.Event()
+
+    def kill(event):
+        if event["kind"] == "step" and event["step"] == 10 and not killed.is_set():
+            killed.set()
+            os.kill(pids[victim], signal.SIGKILL)
+
+    model, data = kit.mlp(), kit.blobs(n=240)
+    sess = wb.Session(model["graph"], seed=0, cluster=fresh3)
+    sess.events.subscribe(events.append)
+    sess.events.subscribe(kill)
+    history = sess.fit(
+        model["train"], data, batch_size=24, steps=60, replicas=2, backup_replicas=1, fetches=[model["loss"]]
+    )
+    assert killed.is_set()
+    assert [r["step"] for r in history.records] == list(range(1, 61))
+    assert not [e for e in events if isinstance(e, Restarted)]  # no step was lost or done again
+    after = history.records[-20:]
+    assert all(r["dropped"] == [2] and r["arrivals"][2] is None for r in after)
+    assert np.isfinite(history[model["loss"].name]).all()

@@ -1,0 +1,222 @@
+"""The all-reduce engine with backup replicas: ``fit(..., replicas=R, backup_replicas=b)``.
+
+``R + b`` members each train on a shard of their own (a step draws ``batch_size + b * (batch_size //
+R)`` rows, as the parameter-server path does); the first ``R`` gradients to arrive are applied, as
+their mean over the rows used, by every member (:mod:`workbench.cluster.backups` decides on rank 0's
+event loop). The driver reports a step once the members whose gradients were used have finished it:
+a late member's task goes on by itself (it catches up by applying the update it was left out of),
+and the step's record waits for its arrival time only, never the training. Each record holds
+``"dropped"`` (the replica ids not used), ``"delays"`` and ``"arrivals"`` (a dropped replica's
+arrival is no earlier than the moment the step went on without it; None where its worker was lost).
+
+A member that leaves the cluster costs nothing while ``R`` others remain and it is not rank 0 (the
+one that decides): its gradients are simply never among the first ``R``. Otherwise the run restarts
+from its last host copy, as without backups.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from workbench.cluster.allreduce import AllReduceEngine, _outcome_fetches, step_delays
+from workbench.cluster.health import scheduler_workers
+from workbench.cluster.lower import allreduce_key, key_label, shards
+from workbench.errors import ClusterError, CollectiveError, WorkbenchError
+from workbench.events import Synced
+from workbench.fitloop import StepOutcome
+from workbench.training import batch_indices
+
+
+class BackupAllReduceEngine(AllReduceEngine):
+    """:class:`~workbench.cluster.allreduce.AllReduceEngine` over ``R + b`` members, applying ``R`` gradients a step."""
+
+    @classmethod
+    def for_fit(cls, request, client, options, events) -> BackupAllReduceEngine:
+        engine = super().for_fit(request, client, options, events)
+        engine.backups = options.backup_replicas
+        engine.applied = options.replicas  # R (None: the workers used, less the backups)
+        return engine
+
+    #: Steps decided but not reported yet (waiting for a late member's arrival time) at most: a late
+    #: member that catches up by applying the updates it was left out of is this far behind at worst.
+    lag = 64
+
+    # -- members ----------------------------------------------------------------------------------
+    def _members(self, candidates: list[str]) -> list[str]:
+        applied = self.applied or max(1, len(candidates) - self.backups)
+        members = candidates[: applied + self.backups]
+        if len(members) < 1:
+            return super()._members(candidates)
+        self.needed = min(applied, len(members))
+        return members
+
+    def _needed(self, members: int) -> int | None:
+        return self.needed
+
+    def _check_members(self, step: int) -> None:
+        """A member that left costs nothing while ``R`` remain and rank 0 (which decides) is there."""
+        gone = set(self.group.addresses) - set(scheduler_workers(self.client, self.deadline.seconds))
+        self.lost = gone
+        if self.group.addresses[0] in gone or self.group.size - len(gone) < self.needed:
+            raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
+
+    # -- a step -----------------------------------------------------------------------------------
+    def _calls(self, step: int, sync: bool) -> list:
+        group, applied = self.group, self.needed
+        size = self.batch_size + self.backups * (self.batch_size // applied)
+        index = next(batch_indices(self.num_examples, size, step, self.batch_seed, start=step - 1))
+        mean = self.program.loss_reduction == "mean"
+        calls, offset = [], 0
+        for i, part in enumerate(shards(index, group.size)):
+            weight = float(len(part)) if mean else 1.0  # the arbiter scales the sum by 1 / rows used
+            args = (group.token, step, part, offset, weight, None, len(part) / self.batch_size, sync and i == 0)
+            calls.append((allreduce_key(self.name, step, i, group.token), (*args, self.started[i])))
+            offset += len(part)
+        return calls
+
+    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
+        """As :meth:`AllReduceEngine.run`; a step leaves the window once its used members are done."""
+        if self.host is None:
+            raise ClusterError("start(variables, step) comes before run()")
+        self.lost, reported, submitted = set(), first - 1, first - 1
+        every, pending = self.sync_every, deque()  # (step, futures, results) decided, not reported yet
+        synced = lambda s: s == last or bool(sync_at(s)) or bool(every and s % every == 0)  # noqa: E731
+        while reported < last:
+            while submitted < last and len(self.flight) < self.window:
+                submitted += 1
+                self._submit(submitted, synced(submitted))
+            try:
+                if self.flight:
+                    step, futures = self.flight[0]
+                    pending.append((step, futures, self._decided(step, futures, synced(step))))
+                    self.flight.popleft()
+                if len(pending) > self.lag:  # reports lag the training by this many steps at most
+                    old, futures, results = pending[0]
+                    self._wait_for(old, futures, lambda: self._trailing_done(pending[0]))
+                while pending and (not self.flight or self._trailing_done(pending[0])):
+                    step, futures, results = pending.popleft()
+                    results = self._trailing(step, futures, results)
+                    if results[0] is not None and "variables" in results[0]:
+                        self.host = (results[0]["variables"], step)
+                        if self.events is not None:
+                            self.events.emit(Synced, step=step)
+                    if step > reported:
+                        reported = step
+                        yield self._outcome(step, results)
+            except self._transient as e:
+                pending.clear()
+                self._last_decided, self.lost = None, set()
+                self._recover(step, e)
+                submitted = self.host[1]
+
+    def _failed(self, step: int, future) -> BaseException:
+        error = future.exception()
+        if isinstance(error, (self._transient, WorkbenchError)):
+            return error
+        return ClusterError(f"step {step} failed in {key_label(future.key)}: {type(error).__name__}: {error}")
+
+    def _wait_for(self, step: int, futures: list, ready: Callable[[], bool]) -> None:
+        """Until ``ready()``: a used member's failure raises, a lost member is tolerated (see :meth:`_check_members`)."""
+        changed = threading.Event()
+        for f in futures:
+            f.add_done_callback(lambda _: changed.set())
+        waited = time.monotonic()
+        deadline = waited + self.deadline.seconds
+        while not ready():
+            changed.clear()
+            for rank, f in enumerate(futures):
+                if f.status in ("error", "cancelled") and self.group.addresses[rank] not in self.lost:
+                    self._check_members(step)  # a member that died: its tasks fail, the step goes on
+                if self.group.addresses[rank] in self.lost:
+                    continue
+                if f.status == "error":
+                    raise self._failed(step, f)
+                if f.status == "cancelled":
+                    raise concurrent.futures.CancelledError(f"step {step}: task {key_label(f.key)} was cancelled")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
+            if not changed.wait(self.poll):
+                self._check_members(step)
+        self.deadline.progressed(time.monotonic() - waited)
+
+    def _decided(self, step: int, futures: list, sync: bool) -> list:
+        """The results of the members whose gradients ``step`` used (and rank 0's at a sync); None for the rest."""
+        finished = lambda: [f for f in futures if f.status == "finished"]  # noqa: E731
+        self._wait_for(step, futures, lambda: bool(finished()))
+        used = finished()[0].result(timeout=self.deadline.seconds)["used"]
+        wanted = sorted(set(used) | ({0} if sync else set()))
+        # a used member may die once its gradient is in: the step stands, its record goes without it
+        here = lambda r: futures[r].status == "finished" or self.group.addresses[r] in self.lost  # noqa: E731
+        self._wait_for(step, futures, lambda: all(here(r) for r in wanted))
+        results = [None] * len(futures)
+        for r in wanted:
+            if futures[r].status == "finished":
+                results[r] = futures[r].result(timeout=self.deadline.seconds)
+        return results
+
+    def _trailing_done(self, entry) -> bool:
+        step, futures, results = entry
+        return all(
+            results[r] is not None or f.status != "pending" or self.group.addresses[r] in self.lost
+            for r, f in enumerate(futures)
+        )
+
+    def _trailing(self, step: int, futures: list, results: list) -> list:
+        """The dropped members' results too, where they finished (their arrival times)."""
+        if not self.flight:  # the last steps: nothing else to do than wait for them (bounded)
+            self._wait_for(step, futures, lambda: self._trailing_done((step, futures, results)))
+        out = list(results)
+        for r, f in enumerate(futures):
+            if out[r] is None and f.status == "finished":
+                out[r] = f.result(timeout=self.deadline.seconds)
+            elif out[r] is None and f.status == "error":
+                self._check_members(step)
+                if self.group.addresses[r] not in self.lost:
+                    raise self._failed(step, f)
+        return out
+
+    def _outcome(self, step: int, results: list) -> StepOutcome:
+        decided = next(r for r in results if r is not None and "used" in r)
+        used = decided["used"]
+        applied = [results[r] for r in used if results[r] is not None]
+        fetches = _outcome_fetches(self.program, self.labels, applied, rescale=self._rescale(applied))
+        compute = {r["worker"]: r["compute_seconds"] for r in applied}
+        begun = min(r["start_wall"] for r in applied)
+        arrivals = []
+        for rank, r in enumerate(results):
+            if r is None:
+                arrivals.append(None)  # its worker was lost
+            elif rank in used:
+                arrivals.append(r["ready_wall"] - begun)
+            else:  # it was not in when the step went on
+                arrivals.append(max(r["ready_wall"], decided["decided_wall"]) - begun)
+        delays = step_delays(self.stragglers, step, len(results))
+        metrics = {
+            "replicas": len(used),
+            "compute_seconds": max(compute.values()),
+            "reduce_seconds": max(r["allreduce_wait_seconds"] for r in applied),
+            "update_seconds": max(r["update_seconds"] for r in applied),
+            "workers": compute,
+            "bytes_moved": sum(r["bytes_received"] for r in results if r is not None),
+            "bytes_received": max(r["bytes_received"] for r in applied),
+            "bytes_sent": max(r["bytes_sent"] for r in applied),
+            "dropped": [rank for rank in range(len(results)) if rank not in used],
+            "restarts": self.restarts,
+            "tasks": len(results),
+            "delays": delays,
+            "arrivals": arrivals,
+        }
+        seconds = decided["decided_wall"] - self._last_decided if step > 1 and self._last_decided else None
+        self._last_decided = decided["decided_wall"]
+        return StepOutcome(step, fetches, metrics, seconds=seconds)
+
+    _last_decided: float | None = None
+
+    def _rescale(self, applied: list) -> float:
+        """Mean fetches came weighted by shard rows / batch_size: to the mean over the rows used."""
+        used_share = sum(r["share"] for r in applied)
+        return 1.0 / used_share if used_share else 1.0
