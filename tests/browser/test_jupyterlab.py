@@ -754,7 +754,7 @@ TIMELINE_NOTEBOOK = [
     "w = variable('w', shape=(64, 10), init='glorot_uniform')\nloss = mean(softmax_cross_entropy(matmul(x, w), y))\n"
     "train = SGD(0.1).minimize(loss)",
     "import workbench as wb\nfrom sklearn.datasets import load_digits\nfrom workbench.cluster.spans import delay_rank\n"
-    "digits = load_digits()\nsess = wb.Session(mlp, seed=0)\nsess.client.run(delay_rank, 1, 0.1)\n"
+    "digits = load_digits()\nsess = wb.Session(mlp, seed=0)\n"
     "history = sess.fit(mlp.train, data={'x': (digits.data / 16).astype('float32'), 'y': digits.target},"
     " batch_size=64, steps=40, fetches={'loss': mlp.loss}, strategy='allreduce')\nsess.client.run(delay_rank, 1, 0)",
 ]
