@@ -753,10 +753,11 @@ TIMELINE_NOTEBOOK = [
     "%%flow mlp\nx = placeholder('x', shape=(None, 64))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
     "w = variable('w', shape=(64, 10), init='glorot_uniform')\nloss = mean(softmax_cross_entropy(matmul(x, w), y))\n"
     "train = SGD(0.1).minimize(loss)",
-    "import workbench as wb\nfrom sklearn.datasets import load_digits\nfrom workbench.cluster.spans import delay_rank\n"
+    "import workbench as wb\nfrom sklearn.datasets import load_digits\n"
     "digits = load_digits()\nsess = wb.Session(mlp, seed=0)\n"
     "history = sess.fit(mlp.train, data={'x': (digits.data / 16).astype('float32'), 'y': digits.target},"
-    " batch_size=64, steps=40, fetches={'loss': mlp.loss}, strategy='allreduce')\nsess.client.run(delay_rank, 1, 0)",
+    " batch_size=64, steps=40, fetches={'loss': mlp.loss}, strategy='allreduce',"
+    " stragglers=wb.stragglers.Fixed(1, 0.1))",
 ]
 
 
