@@ -20,6 +20,8 @@ LAYERS = [
             "workbench.errors",
             "workbench.events",
             "workbench.training",
+            "workbench.timeline",
+            "workbench.spans",
             "workbench.stragglers",
             "workbench.clock",
             "workbench.datasets",

@@ -51,6 +51,7 @@ from workbench.strategies import strategy, strategy_graph
 from workbench.scaling import ScalingStudy, scaling_study
 from workbench.compare import Comparison, compare_strategies
 from workbench.training import History
+from workbench.timeline import Timeline
 
 from workbench.ops import (  # noqa: E402, F401 - the public op functions
     abs,
@@ -148,6 +149,7 @@ __all__ = [
     "Graph",
     "GraphError",
     "History",
+    "Timeline",
     "NumericsError",
     "Operation",
     "PathError",

@@ -147,6 +147,8 @@ class FitRequest:
     feeds : dict
         Placeholder name to a host array fed at every training step (``fit(feed_dict=...)``),
         not to validation.
+    profile_every : int
+        ``fit(profile=k)``: every k-th step times each op (``metrics["profile"]``); 0: none.
     stragglers : Stragglers, optional
         ``fit(stragglers=...)`` (:mod:`workbench.stragglers`): the delays every engine with replicas
         injects after a replica computes and before it hands its gradient in.
@@ -165,6 +167,7 @@ class FitRequest:
     stats: dict = field(default_factory=dict)
     stats_every: int = 0
     feeds: dict = field(default_factory=dict)
+    profile_every: int = 0
     stragglers: Any = None
 
     def stats_due(self, step: int) -> bool:
@@ -426,13 +429,15 @@ class LocalSteps:
                 started = time.perf_counter()
                 batch = {**req.feeds, **{name: a[idx] for name, a in req.data.items()}}
                 probed = names + list(req.stats.values()) if req.stats_due(step) else names
-                values = run(probed, batch, check_numerics=req.check_numerics, step=step - 1)
+                timed = req.profile_every > 0 and step % req.profile_every == 0
+                values = run(probed, batch, check_numerics=req.check_numerics, step=step - 1, profile=timed)
                 elapsed = time.perf_counter() - started
                 self.step = step
                 fetched, stats = values[1 : len(names)], values[len(names) :]
                 yield StepOutcome(
                     step,
                     dict(zip(labels, map(_scalar, fetched))),
+                    metrics={"profile": dict(self.session.last_profile)} if timed else {},
                     seconds=elapsed,
                     stats=dict(zip(req.stats, map(_scalar, stats))),
                 )

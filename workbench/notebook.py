@@ -71,6 +71,21 @@ def _on_event(stream: EventStream, event: Event) -> None:
     view.throttle.request()
     _hook["views"][key] = view
     _show(view)
+    if isinstance(event, FitStarted) and event.scheduler:  # a cluster fit: where each worker's time goes
+        _show_timeline(view, event)
+
+
+def _show_timeline(training, event: FitStarted) -> None:
+    from workbench.widgets import TimelineView
+
+    key = ("timeline", event.session)
+    old = _hook["views"].pop(key, None)
+    if old is not None:
+        old.stop()
+    view = TimelineView(title=f"timeline · {event.strategy}").follow(training)
+    view.handle(event)
+    _hook["views"][key] = view
+    _show(view)
 
 
 def _show(view) -> None:

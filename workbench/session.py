@@ -25,6 +25,7 @@ from workbench.ops.registry import cast_exactly
 from workbench.ops.state import initial_value
 from workbench.training import History, check_fit_arguments, is_dask_array
 from workbench import fit_arguments
+from workbench.graph import profile as profiling
 from workbench.clock import check as check_clock
 from workbench.validation import make_validation
 
@@ -94,6 +95,7 @@ class Session:
         self._said_local = False  # whether run() said that a training step runs here, not on the cluster
         #: The history of the latest ``fit``, also when it was interrupted or failed (the steps done).
         self.last_history: History | None = None
+        self.last_profile: dict[str, float] = {}  # run(..., profile=True): seconds per op of that run
 
     @property
     def xp(self):
@@ -140,7 +142,9 @@ class Session:
         return {name: np.array(self.device.to_host(value)) for name, value in self._state.items() if name in self.graph}
 
     # -- running -----------------------------------------------------------------------
-    def run(self, fetches, feed_dict=None, check_numerics: bool = False, step: int | None = None):
+    def run(
+        self, fetches, feed_dict=None, check_numerics: bool = False, step: int | None = None, profile: bool = False
+    ):
         """Compute ``fetches`` (a tensor, an operation, a name, or a list, tuple or dict of them).
 
         ``feed_dict`` maps placeholders (tensors or names) to values. Tensors come
@@ -154,6 +158,10 @@ class Session:
 
         With ``step`` (0-based), random ops (dropout) draw what training step
         ``step + 1`` draws, locally or on a cluster; by default they draw anew each run.
+
+        With ``profile=True`` every kernel call is timed (CUDA events on a GPU) and
+        :attr:`last_profile` holds ``{op name: seconds}`` of this run (see
+        :mod:`workbench.graph.profile`; a profiled run is not replayed as a CUDA graph).
         """
         flat, unflatten = _flatten(fetches)
         if any(_is_initializer(f) for f in flat):
@@ -166,7 +174,10 @@ class Session:
             warnings.warn(LocalRunWarning(_RUNS_HERE), stacklevel=2)
         feeds = self._check_feeds(feed_dict or {})
         plan = self._plan(names, feeds)
-        values = self._execute(plan, [feeds[n] for n in plan.feed_names], check_numerics, step)
+        timed = {} if profile else None
+        values = self._execute(plan, [feeds[n] for n in plan.feed_names], check_numerics, step, profile=timed)
+        if timed is not None:
+            self.last_profile = timed
         values = [None if isinstance(f, Operation) else v for f, v in zip(flat, values)]  # run for effect
         result = self.device.result
         return unflatten([None if v is None else result(v) for v in values])
@@ -182,13 +193,19 @@ class Session:
         values = iter(self.run(rest, feed_dict=feed_dict, check_numerics=check_numerics, step=step) if rest else [])
         return [None if _is_initializer(f) else next(values) for f in flat]
 
-    def _execute(self, plan: Plan, feed_values: list, check_numerics: bool, step: int | None) -> list:
-        """One run of ``plan`` on the device, with run events for whoever watches."""
+    def _execute(self, plan: Plan, feed_values: list, check_numerics: bool, step: int | None, profile=None) -> list:
+        """One run of ``plan`` on the device, with run events for whoever watches (``profile``: a dict
+        that gets each op's seconds; the plan then runs call by call, never as a captured graph)."""
         watched = self.events.wanted  # live views: which ops run, which one failed
         if watched:
             self.events.emit(RunStarted, ops=tuple(op.name for op in plan.step_ops))
         try:
-            values = self.device.run(plan, feed_values, check_numerics=check_numerics, step=step, emit=self.events.emit)
+            if profile is not None:
+                values = plan.run(feed_values, check_numerics, step=step, profile=profile)
+            else:
+                values = self.device.run(
+                    plan, feed_values, check_numerics=check_numerics, step=step, emit=self.events.emit
+                )
         except WorkbenchError as e:
             if watched:
                 self.events.emit(RunFailed, op=getattr(e, "op", None), error=str(e))
@@ -325,6 +342,7 @@ class Session:
         stats: int | None = None,
         step_timeout: float | None = None,
         feed_dict: dict | None = None,
+        profile: int | None = None,
         stragglers=None,
         clock: str = "wall",
         compute_seconds: float | None = None,
@@ -382,6 +400,11 @@ class Session:
             locally and on a cluster, e.g. ``{"training": True}`` for a placeholder
             ``training`` with ``default=False``; validation runs without them (so with
             the placeholders' defaults: the graph's inference settings).
+        profile : int, optional
+            Every ``profile`` steps of a local fit, time each op's kernels (CUDA events on a GPU):
+            :meth:`History.profile` gives ``{op name: seconds per step}``, and a GraphView of the
+            graph can colour its nodes by ``stat="time"``. On a cluster, :meth:`History.timeline`
+            tells where each worker's time went.
         stragglers : wb.stragglers.Bernoulli, LogNormal or Fixed, optional
             Delays injected into a fit with replicas: a late replica waits after computing and
             before handing its gradient in; records then hold ``"delays"`` and ``"arrivals"``
@@ -427,11 +450,13 @@ class Session:
             checkpoint_dir,
             stragglers=fit_arguments.stragglers_for(stragglers, replicas, backup_replicas),
         )
+        request = profiling.with_profile(request, profile)
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
         cluster = {"window": window, "sync_every": sync_every, "workers": workers, "backup_replicas": backup_replicas}
         engine, every = fit_arguments.engine(
             self, request, replicas, strategy, checkpoint_every, timing, step_timeout=step_timeout, **cluster
         )
+        profiling.check_engine(engine, request)
         loop = FitLoop(request, self.events, callback, checkpoint_dir, every, validation=checked)
         self.last_history = loop.history
         try:

@@ -29,6 +29,7 @@ from workbench.graph.batch_reduction import combine as combine_fetch
 from workbench.graph.batch_reduction import fetch_reduction
 from workbench.ops.collective import bytes_sent, combine
 from workbench.strategies.program import UPDATE, ReplicaProgram
+from workbench.spans import Lanes, new_marks
 from workbench.strategies.weights import weight
 from workbench.training import batch_indices
 
@@ -48,7 +49,10 @@ class _Pending:
         return self.key in self.group._results
 
     def wait(self, timeout: float | None = None):
-        return self.group._wait(self.key, self.rank, timeout)
+        began = time.time()
+        result = self.group._wait(self.key, self.rank, timeout)
+        self.group.members[self.rank].waited(self.key, began)
+        return result
 
 
 class Member:
@@ -58,17 +62,28 @@ class Member:
         self.group, self.rank, self.size = group, rank, group.size
         self.step, self.calls = 0, 0
         self.bytes_sent = self.collectives = 0
+        self.marks, self.cursor = new_marks(), 0.0
         self.weight = 1.0  # this replica's share of the loss (r.weight), set every step
 
     def begin(self, step: int) -> None:
         """A new run (step): collectives are matched across ranks by their order within it."""
         self.step, self.calls = step, 0
+        self.marks = new_marks()  # the step's spans (workbench.spans)
+        self.cursor = getattr(self.marks, "begin", 0.0)
+
+    def waited(self, key, began: float) -> None:
+        """A wait for collective ``key`` from ``began`` until now: compute until then, then the collective."""
+        now = time.time()
+        self.marks.phase("compute", self.cursor, began)
+        self.marks.phase("collective", began, now, key)
+        self.cursor = now
 
     def start(self, kind: str, xp, value, **attrs) -> _Pending:
         key = (self.step, self.calls)
         self.calls += 1
         self.collectives += attrs.get("members", 1)  # a plan's bucket carries several collective ops
         self.bytes_sent += bytes_sent(kind, value.nbytes, value.dtype.itemsize, self.size, self.rank, attrs)
+        self.marks.arrived(key)
         return self.group._start(key, self.rank, kind, xp, value, attrs)
 
 
@@ -190,6 +205,7 @@ class SimulatedReplicas:
                 value = saved if saved is not None else variables[name] if name in variables else slots[name]
                 state[name] = put(np.array(value, copy=True))
         self.step = step
+        self.lanes = Lanes(time.time())  # each step's spans (one lane per replica)
 
     def variables(self) -> tuple[dict[str, np.ndarray], int]:
         """Replica 0's values of the graph's variables, and their step."""
@@ -286,7 +302,11 @@ class SimulatedReplicas:
         except BaseException as e:
             self.group.abort(f"replica {rank} failed at step {step}: {type(e).__name__}: {e}")
             raise
+        member.marks.phase("compute", member.cursor, time.time())
         return {
+            "worker": f"replica {rank}",
+            "rank": rank,
+            "marks": member.marks.as_dict(),
             "fetches": [np.asarray(self.device.to_host(v)) for v in values[1:]],
             "share": len(rows) / total,
             "seconds": time.perf_counter() - started,
@@ -305,5 +325,6 @@ class SimulatedReplicas:
             "compute_seconds": max(r["seconds"] for r in results),
             "bytes_sent": max(r["bytes_sent"] for r in results),
             "collectives": max(r["collectives"] for r in results),
+            "spans": self.lanes.step(step, results),
         }
         return StepOutcome(step, fetches, metrics, seconds=seconds)

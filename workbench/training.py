@@ -93,6 +93,8 @@ _NOT_METRICS = {
     "collectives",
     "restarts",
     "tasks",
+    "spans",
+    "profile",
     "delays",
     "delay",
     "arrivals",
@@ -138,6 +140,27 @@ class History:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def timeline(self):
+        """Where each worker's time went, step by step: a :class:`workbench.timeline.Timeline` of the
+        spans the engine recorded (compute, communicate, wait with the worker waited for, update, idle).
+
+        Examples
+        --------
+        >>> hist = sess.fit(train, data, batch_size=64, steps=50, strategy="allreduce")  # doctest: +SKIP
+        >>> hist.timeline().stragglers()[0]  # doctest: +SKIP
+        ('tcp://127.0.0.1:40217', 0.198)
+        """
+        from workbench.timeline import Timeline
+
+        return Timeline(s for r in self.records for s in r.get("spans", ()))
+
+    def profile(self) -> dict[str, float]:
+        """``{op name: seconds per step}`` of a ``fit(..., profile=k)``: each op's median over the
+        profiled steps, slowest first (empty when no step was profiled)."""
+        from workbench.timeline import median_profile
+
+        return median_profile([r["profile"] for r in self.records if "profile" in r])
 
     def time_to(self, key: str, target: float, below: bool = False) -> float | None:
         """Seconds since the fit started at which ``key`` first reached ``target``, or None if it never did.
@@ -191,7 +214,7 @@ class History:
             import pandas as pd
         except ImportError:
             raise ImportError("History.to_pandas() needs pandas: pip install pandas") from None
-        columns = [f for f in self.fields if f != "step"]
+        columns = [f for f in self.fields if f not in ("step", "spans", "profile")]  # see timeline(), profile()
         steps = [r.get("step", i + 1) for i, r in enumerate(self.records)]
         rows = [{f: _scalar(r.get(f, np.nan)) for f in columns} for r in self.records]
         return pd.DataFrame(rows, index=pd.Index(steps, name="step"), columns=columns)

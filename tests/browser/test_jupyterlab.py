@@ -745,3 +745,52 @@ def test_the_stop_button_ends_a_running_fit_after_its_current_step(lab, tmp_path
         assert 0 < done < 10_000_000 and f"stopped at step {done}" in title
         progress = view.locator(".wb-progress-text").inner_text()
         assert f"step {done} / 10000000" in progress  # the bar agrees with the title
+
+
+TIMELINE_NOTEBOOK = [
+    "%load_ext workbench",
+    "%flow_cluster local -n 2",
+    "%%flow mlp\nx = placeholder('x', shape=(None, 64))\ny = placeholder('y', shape=(None,), dtype='int64')\n"
+    "w = variable('w', shape=(64, 10), init='glorot_uniform')\nloss = mean(softmax_cross_entropy(matmul(x, w), y))\n"
+    "train = SGD(0.1).minimize(loss)",
+    "import workbench as wb\nfrom sklearn.datasets import load_digits\n"
+    "digits = load_digits()\nsess = wb.Session(mlp, seed=0)\n"
+    "history = sess.fit(mlp.train, data={'x': (digits.data / 16).astype('float32'), 'y': digits.target},"
+    " batch_size=64, steps=40, fetches={'loss': mlp.loss}, strategy='allreduce',"
+    " stragglers=wb.stragglers.Fixed(1, 0.1))",
+]
+
+
+def test_timeline_view_is_live_during_a_cluster_fit_and_follows_the_training_views_clicks(lab, tmp_path):
+    with notebook_page(lab, "timeline", TIMELINE_NOTEBOOK, height=1500, wait=False) as page:
+        timeline = page.locator(".wb-timeline").first
+        timeline.locator("rect.wb-span").first.wait_for(timeout=120_000)
+        training = page.locator(".wb-training").first
+        # live: lanes drawn while the fit still runs
+        assert training.locator(".wb-progress[data-status='done']").count() == 0
+        assert timeline.get_attribute("data-status") == "running"
+        page.screenshot(path=str(tmp_path / "timeline-live.png"))
+        training.locator(".wb-progress[data-status='done']").wait_for(timeout=120_000)
+        page.wait_for_function("() => document.querySelector('.wb-timeline').dataset.status === 'done'", timeout=30_000)
+        assert timeline.locator("line.wb-wait-arrow").count() > 0  # the waits point at the late worker
+        late = timeline.locator("rect.wb-wait").first.get_attribute("data-worker")
+        assert late and timeline.locator(".wb-timeline-stragglers").inner_text().startswith("waited for most: ")
+        timeline.locator("rect.wb-wait").first.hover()
+        assert "waiting for" in timeline.locator(".wb-timeline-hover").inner_text()
+        # a click on the loss curve at step 10: the timeline scrolls back to it and outlines its spans
+        loss = training.locator("svg[data-curve='loss']")
+        box = loss.bounding_box()
+        x = 44 + (10 - 1) / (40 - 1) * (260 - 44 - 8)
+        loss.click(position={"x": x * box["width"] / 260, "y": 60})
+        timeline.locator("rect.wb-span.wb-selected").first.wait_for(timeout=15_000)
+        step = int(timeline.locator("rect.wb-span.wb-selected").first.get_attribute("data-step"))
+        assert abs(step - 10) <= 1
+        first, last = (int(s) for s in timeline.get_attribute("data-shown").split("-"))
+        assert first <= step <= last < 40
+        page.screenshot(path=str(tmp_path / "timeline-selected.png"))
+        # a click on a span selects its step in the training view
+        other = timeline.locator(f"rect.wb-span[data-step='{first}']").first
+        other.click()
+        training.locator(f"svg[data-curve='loss'] line.wb-marker[data-step='{first}']").wait_for(
+            state="attached", timeout=15_000
+        )

@@ -45,6 +45,7 @@ from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.membership import Membership
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
@@ -205,10 +206,6 @@ class AllReduceEngine:
         """The engine of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest` and its
         :class:`~workbench.cluster.options.ClusterOptions`): the ``allreduce`` strategy's factory."""
         program = TrainingProgram.for_fit(request)
-        if options.backup_replicas and cls is AllReduceEngine:
-            from workbench.cluster.backup_engine import BackupAllReduceEngine
-
-            return BackupAllReduceEngine.for_fit(request, client, options, events)
         total = options.replicas_for(client) + (options.backup_replicas if options.replicas else 0)
         stragglers = check_stragglers(request.stragglers, total)
         engine = cls(
@@ -238,6 +235,7 @@ class AllReduceEngine:
     def start(self, variables: dict, step: int) -> None:
         """Place a replica of ``variables`` (the values after ``step``) on each worker."""
         self.host = ({n: np.array(v, copy=True) for n, v in variables.items()}, int(step))
+        self.lanes = Lanes(scheduler_now(self.client))  # each step's spans, on the scheduler's clock
         self._launch(self.membership.choose(self.max_replicas))
 
     def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
@@ -466,6 +464,7 @@ class AllReduceEngine:
             "tasks": len(results),
             **arrival_metrics(results),
         }
+        metrics["spans"] = self.lanes.step(step, results)
         stats = {}
         reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
         if reported and "stats_share" not in reported[0]:  # a strategy function's: rank 0's shard

@@ -50,6 +50,10 @@ def _parameter_server(request: FitRequest, client, options: ClusterOptions, even
 def _allreduce(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
     from workbench.cluster.allreduce import AllReduceEngine
 
+    if options.backup_replicas:  # R + b members, the first R gradients applied
+        from workbench.cluster.backup_engine import BackupAllReduceEngine
+
+        return BackupAllReduceEngine.for_fit(request, client, options, events)
     return AllReduceEngine.for_fit(request, client, options, events)
 
 

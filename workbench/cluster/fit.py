@@ -27,6 +27,7 @@ from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
 from workbench.cluster.membership import Membership
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
+from workbench.cluster.spans import Lanes, scheduler_now, task_spans
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
 from workbench.events import EventStream, Restarted, Synced
@@ -81,6 +82,7 @@ class ParameterServer:
             self.client.register_plugin(DeviceTransfers())  # every worker can send CuPy arrays
         state = {n: np.asarray(variables[n]) for n in self.program.state_variables}
         self.host = ({**variables, **state}, step)
+        self.lanes = Lanes(scheduler_now(self.client))  # each step's spans, on the scheduler's clock
         self._scatter(state, step)
 
     def variables(self) -> tuple[dict, int]:
@@ -268,6 +270,8 @@ class ParameterServer:
             "update_seconds": metrics["update_seconds"],
             "workers": compute,
             "bytes_moved": (self.replicas - 1) * 2 * self.state_bytes,
+            "dropped": self.backups,
+            "spans": task_spans(self.lanes, step, metrics.get("tasks", [])),
             **self._arrivals(step, metrics.get("ready", {})),
         }
         return StepOutcome(step, dict(zip(self.labels, metrics["fetches"])), measured)

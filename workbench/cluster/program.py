@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.cluster.spans import task_mark
 from workbench.devices import open_device
 from workbench.errors import ClusterError
 from workbench.graph.compile import PlanCache, compile_plan
@@ -384,6 +385,7 @@ def replica_gradients(
         "compute": {_worker_address(): computed},
         "reduce_seconds": 0.0,
         "shards": 1,
+        "tasks": [task_mark(_worker_address(), "compute", start_wall)],  # the step's timeline (cluster.spans)
         "ready": {int(replica): (start_wall, time.time())},  # wall clock: when it began and handed in
     }
 
@@ -400,7 +402,7 @@ def _leave_thread_pool() -> None:
 
 def reduce_pair(a: dict, b: dict) -> dict:
     """The sum of two replicas' (or partial sums') results; always ``a`` first."""
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()
     grads = [x + y for x, y in zip(a["grads"], b["grads"])]
     reductions = a.get("reductions") or (None,) * len(a["fetches"])
     fetches = [x + y if r is None else join(r, x, y) for x, y, r in zip(a["fetches"], b["fetches"], reductions)]
@@ -414,13 +416,18 @@ def reduce_pair(a: dict, b: dict) -> dict:
         "compute": compute,
         "reduce_seconds": a["reduce_seconds"] + b["reduce_seconds"] + time.perf_counter() - started,
         "shards": a["shards"] + b["shards"],
+        "tasks": [
+            *a["tasks"],
+            *b["tasks"],
+            task_mark(_worker_address(), "communicate", began, (a["tasks"][-1], b["tasks"][-1])),
+        ],
         "ready": {**a.get("ready", {}), **b.get("ready", {})},
     }
 
 
 def apply_update(program: TrainingProgram, state: dict, reduced: dict) -> dict:
     """The optimizer step: the new values of every variable (slots included)."""
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()
     plans = compiled(program)
     plans.update_state.clear()
     plans.update_state.update(plans.variables(state, state["variables"]))
@@ -431,6 +438,7 @@ def apply_update(program: TrainingProgram, state: dict, reduced: dict) -> dict:
         "step": state["step"] + 1,
         "update_seconds": time.perf_counter() - started,
         "update_worker": _worker_address(),
+        "tasks": [*reduced["tasks"], task_mark(_worker_address(), "update", began, reduced["tasks"][-1:])],
     }
 
 
@@ -444,6 +452,7 @@ def step_metrics(reduced: dict, new_state: dict) -> dict:
         "update_worker": new_state["update_worker"],
         "shards": reduced["shards"],
         "step": new_state["step"],
+        "tasks": new_state.get("tasks", []),
         "ready": reduced.get("ready", {}),
     }
 

@@ -33,6 +33,7 @@ import numpy as np
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
+from workbench.cluster.spans import injected_delay, worker_marks
 from workbench.cluster.stat_combine import gradient_norm_indices
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import Reduction, weighted
@@ -203,6 +204,7 @@ class Replica:
         ``delay``: seconds to wait after computing, before handing the gradient in (``fit(stragglers=...)``).
         """
         self.used, self._running = time.monotonic(), True
+        self._marks = worker_marks()  # the step's spans (workbench.cluster.spans)
         try:
             self._wait_turn(step)
         except BaseException:
@@ -235,7 +237,10 @@ class Replica:
             handle.wait(self.group.timeout)
         if self.backup is not None and self.backup.decided(step):  # out of this step before it began
             return self._catch_up(step, rows, start_wall, fetch_weight, sync, delay)
-        started = time.perf_counter()
+        started, marks = time.perf_counter(), self._marks
+        began = time.time()
+        if injected_delay(self.comm.rank):  # tests: this rank made late
+            time.sleep(injected_delay(self.comm.rank))
         program, n = self.program, len(self.program.gradients)
         self.forward_state.clear()
         self.forward_state.update(self.variables)
@@ -262,7 +267,7 @@ class Replica:
         reductions = program.fetch_reductions or (Reduction("mean"),) * (m - n)
         fetches = [weighted(r, np.array(v, copy=True), fetch_weight) for v, r in zip(values[n:m], reductions)]
         reported = [float(np.asarray(v)) for v in values[m:]] if stats else None
-        computed = time.perf_counter()
+        computed, computed_at = time.perf_counter(), time.time()
         ready_wall = self._hand_in(delay)
         handed = time.perf_counter()  # the reduction's wait starts here, after the straggler's delay
         used = None
@@ -276,11 +281,15 @@ class Replica:
             for handle in self._handles:  # the sums are in the buckets (read-only until the next step settles them)
                 handle.summed(self.group.timeout)
             self._settling = self._handles
-        reduced = time.perf_counter()
+        reduced, reduced_at = time.perf_counter(), time.time()
+        marks.arrived("gradients", ready_wall)  # handed in (after a straggler's delay)
         if reported is not None:  # the global batch's gradient norms (see workbench.cluster.stat_combine)
             reported = [float(np.linalg.norm(self.views[i])) if i >= 0 else v for v, i in zip(reported, self.norm_of)]
         self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step
+        marks.phase("compute", began, computed_at)
+        marks.phase("collective", computed_at, reduced_at, "gradients")
+        marks.phase("update", reduced_at, time.time())
         result = {
             "step": step,
             "rank": self.comm.rank,
@@ -291,6 +300,7 @@ class Replica:
             "update_seconds": time.perf_counter() - reduced,
             "bytes_sent": self.comm.bytes_sent - sent,
             "bytes_received": self.comm.bytes_received - received,
+            "marks": marks.as_dict(),
             "delay": float(delay),
             "share": fetch_weight,
             "start_wall": start_wall,

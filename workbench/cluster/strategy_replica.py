@@ -27,6 +27,7 @@ import numpy as np
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.cluster.program import open_worker_device, take_rows
 from workbench.cluster.replica import _LOCK, _REPLICAS, _current_key, _watch_leases, leave_thread_pool
+from workbench.cluster.spans import worker_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import weighted
 from workbench.graph.compile import compile_plan
@@ -90,18 +91,19 @@ class _Waiting:
     it is summed (peers may still be reading what this rank sent: the replica waits for that before
     its next step, off this step's critical path, as the all-reduce engine does)."""
 
-    __slots__ = ("handle", "finish", "comm")
+    __slots__ = ("handle", "finish", "comm", "bucket")
 
-    def __init__(self, handle, finish, comm):
-        self.handle, self.finish, self.comm = handle, finish, comm
+    def __init__(self, handle, finish, comm, bucket=""):
+        self.handle, self.finish, self.comm, self.bucket = handle, finish, comm, bucket
 
     def done(self) -> bool:
         return self.handle.done()
 
     def wait(self, timeout: float | None = None):
-        started = time.perf_counter()
+        started, began = time.perf_counter(), time.time()
         flat = self.handle.summed(timeout)
         self.comm.wait_seconds += time.perf_counter() - started
+        self.comm.waited(self.bucket, began)
         return self.finish(flat)
 
 
@@ -116,6 +118,15 @@ class WorkerComm:
         self.handles: list = []  # every reduction of the run, settled before the next one
         self.delay, self.ready_wall = float(delay), None
         self.weight = 1.0  # this replica's share of the loss (r.weight): what weighted collectives scale by
+        self.marks = worker_marks()  # the step's spans (workbench.cluster.spans)
+        self.cursor = getattr(self.marks, "begin", 0.0)
+
+    def waited(self, bucket: str, began: float) -> None:
+        """A wait for collective ``bucket`` from ``began`` until now: compute until then, then the collective."""
+        now = time.time()
+        self.marks.phase("compute", self.cursor, began)
+        self.marks.phase("collective", began, now, bucket)
+        self.cursor = now
 
     def hand_in(self) -> None:
         """Once a step, before this rank's first collective (or at its end): a straggler's delay
@@ -130,13 +141,14 @@ class WorkerComm:
         value = np.asarray(value)
         bucket = f"{self.step}.s{self.calls}"  # every rank runs the same plan: the n-th collectives match
         self.calls += 1
+        self.marks.arrived(bucket)
         self.collectives += attrs.get("members", 1)  # a bucket of the plan carries several collective ops
         shape, size, op = value.shape, self.size, attrs.get("op")
         if kind == "all_reduce" and op in ("sum", "mean"):
             # the communicator reduces into its own array: the plan's fresh bucket, or a copy
             flat = value.reshape(-1) if attrs.get("owned") else np.array(value, copy=True).reshape(-1)
             scale = 1.0 / size if op == "mean" and size > 1 else None
-            return self._started(self.comm.start(bucket, flat, scale), lambda f: f.reshape(shape))
+            return self._started(self.comm.start(bucket, flat, scale), lambda f: f.reshape(shape), bucket)
         if kind == "broadcast":  # the root's value plus everyone else's zeros
             flat = (np.array(value, copy=True) if self.rank == attrs["root"] else np.zeros_like(value)).reshape(-1)
         else:  # each rank's value in its own row, zeros elsewhere: the sum gathers them
@@ -148,11 +160,11 @@ class WorkerComm:
             "broadcast": lambda f: f.reshape(shape),
             "all_reduce": lambda f: _extreme(op, f.reshape(size, *shape)),
         }[kind]
-        return self._started(self.comm.start(bucket, flat), finish)
+        return self._started(self.comm.start(bucket, flat), finish, bucket)
 
-    def _started(self, handle, finish) -> _Waiting:
+    def _started(self, handle, finish, bucket: str) -> _Waiting:
         self.handles.append(handle)
-        return _Waiting(handle, finish, self)
+        return _Waiting(handle, finish, self, bucket)
 
 
 def _extreme(op: str, rows: np.ndarray) -> np.ndarray:
@@ -257,6 +269,7 @@ class StrategyReplica:
             for r, v in zip(program.fetch_reductions, values[1:m], strict=True)
         ]
         seconds = time.perf_counter() - started
+        comm.marks.phase("compute", comm.cursor, time.time())
         result = {
             "step": step,
             "rank": self.comm.rank,
@@ -268,6 +281,7 @@ class StrategyReplica:
             "bytes_sent": self.comm.bytes_sent - sent,
             "bytes_received": self.comm.bytes_received - received,
             "collectives": comm.collectives,
+            "marks": comm.marks.as_dict(),
             "delay": comm.delay,
             "start_wall": start_wall,
             "ready_wall": comm.ready_wall,

@@ -32,12 +32,16 @@ import contextlib
 import math
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
+
+from workbench.dashboard.lanes import compact, keep
 
 from workbench.events import ROOT, EventStream, FitFailed, FitFinished, FitInterrupted, FitStarted, Step, Validated
 
 TOPIC = "workbench-training"  # the scheduler event topic of the summaries
+SPAN_STEPS = 8  # steps of spans sent at most with one summary (the page shows the last ones)
 SEND_TIMEOUT = 5.0  # seconds one summary may take to reach the scheduler before it is dropped
 
 
@@ -61,7 +65,9 @@ def training_update(event) -> dict[str, Any] | None:
     if isinstance(event, Step):
         numbers = {"time": event.time, "samples_per_s": event.samples_per_s, **event.fetches}
         values = {k: float(v) for k, v in numbers.items() if _is_number(v)}
-        return {"status": "running", "session": event.session, "step": int(event.step), "values": values}
+        spans = event.metrics.get("spans") if isinstance(event.metrics, dict) else None
+        update = {"status": "running", "session": event.session, "step": int(event.step), "values": values}
+        return {**update, "spans": compact(spans)} if spans else update
     if isinstance(event, Validated):
         values = {k: float(v) for k, v in event.fetches.items() if _is_number(v)}
         return {"status": "validated", "session": event.session, "step": int(event.step), "values": values}
@@ -92,6 +98,7 @@ class _Fit:
         self.loss: float | None = None
         self.points: list[list[float]] = []
         self.val_points: list[list[float]] = []  # the loss on held-out data (fit(validation=...)), not yet sent
+        self.spans: deque = deque()  # the timeline's spans of the last steps not yet sent (dashboard/lanes.py)
 
     def add(self, update: dict) -> None:
         self.step = update["step"]
@@ -99,6 +106,7 @@ class _Fit:
         if loss is not None and math.isfinite(loss):
             self.loss = loss
             self.points.append([self.step, loss])
+        keep(self.spans, update.get("spans"), SPAN_STEPS)
 
     def add_validation(self, update: dict) -> None:
         loss = update["values"].get(self.loss_name) if self.loss_name else None
@@ -119,10 +127,12 @@ class _Fit:
             "loss": self.loss,
             "points": self.points,
             "val_points": self.val_points,
+            "spans": list(self.spans),
         }
         if self.step > self.sent_step:
             msg.update(steps_per_s=steps_per_s, samples_per_s=steps_per_s * self.batch_size)
         self.points, self.val_points, self.sent_step, self.sent_time = [], [], self.step, now
+        self.spans = deque()
         return msg
 
 

@@ -29,6 +29,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from workbench.cluster.lower import parse_key
 from workbench.dashboard.forward import TOPIC
+from workbench.dashboard.lanes import keep
 
 NAME = "workbench-training"  # the plugin's name on the scheduler
 MAX_POINTS = 500  # loss points kept per fit (halved, every other one, when full)
@@ -55,7 +56,15 @@ class TrainingMonitor(SchedulerPlugin):
         fit = self._fit(msg["graph"])
         if msg.get("status") == "started":  # a new fit of that graph
             fit.update(
-                points=[], stride=1, seen=0, tasks=deque(), started=self.clock(), step=0, loss=None, val_points=[]
+                points=[],
+                stride=1,
+                seen=0,
+                tasks=deque(),
+                started=self.clock(),
+                step=0,
+                loss=None,
+                val_points=[],
+                spans=deque(),
             )
         fit.update(
             {
@@ -77,6 +86,7 @@ class TrainingMonitor(SchedulerPlugin):
         fit["updated"] = self.clock()
         for point in msg.get("points") or []:
             self._add_point(fit, point)
+        keep(fit.setdefault("spans", deque()), msg.get("spans"), TIMELINE_STEPS)  # the timeline's lanes
         for point in msg.get("val_points") or []:  # validation: every k steps, kept whole (bounded like points)
             fit.setdefault("val_points", []).append([float(point[0]), float(point[1])])
             if len(fit["val_points"]) > MAX_POINTS:
@@ -143,6 +153,7 @@ class TrainingMonitor(SchedulerPlugin):
                     "points": list(fit["points"]),
                     "val_points": list(fit.get("val_points") or []),
                     "tasks": sorted(fit["tasks"], key=lambda t: t["start"]),
+                    "spans": list(fit.get("spans") or []),
                 }
             )
         return out

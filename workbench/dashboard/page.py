@@ -5,8 +5,8 @@ A Bokeh application served by the scheduler's dashboard at ``/individual-workben
 in dask-labextension's panel). It reads the scheduler's
 :class:`~workbench.dashboard.monitor.TrainingMonitor` twice a second: one panel per
 fit, newest first, with steps/s, samples/s and the loss in its title, the loss
-curve, and when each phase (grad, reduce, update, metrics; allreduce) of the last steps ran
-on each worker.
+curve, when each phase (grad, reduce, update, metrics; allreduce) of the last steps ran
+on each worker, and the timeline's lanes of those steps (:mod:`workbench.dashboard.lanes`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, Div, FactorRange, HoverTool, Legend, LegendItem
 from bokeh.plotting import figure
 
+from workbench.dashboard.lanes import LanesFigure
 from workbench.dashboard.monitor import NAME
 
 PAGE = "/individual-workbench"
@@ -77,7 +78,8 @@ class FitPanel:
         self.timeline.add_tools(
             HoverTool(tooltips=[("", "@phase, step @step"), ("time", "@ms{0.0} ms"), ("worker", "@worker")])
         )
-        self.root = column(self.title, row(self.loss, self.timeline), sizing_mode="stretch_width")
+        self.lanes = LanesFigure()  # the spans the fit reports: compute, communicate, wait (with whom), update
+        self.root = column(self.title, row(self.loss, self.timeline), self.lanes.figure, sizing_mode="stretch_width")
 
     def update(self, fit: dict) -> None:
         self.title.text = headline(fit)
@@ -86,6 +88,7 @@ class FitPanel:
         self.loss_source.data = {"step": [p[0] for p in points], "loss": [p[1] for p in points]}
         val = fit.get("val_points") or []
         self.val_source.data = {"step": [p[0] for p in val], "loss": [p[1] for p in val]}
+        self.lanes.update(fit.get("spans") or [])
         tasks = fit.get("tasks") or []
         origin = min((t["start"] for t in tasks), default=0.0)
         workers = sorted({t["worker"] for t in tasks})

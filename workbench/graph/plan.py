@@ -26,6 +26,7 @@ from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.buffers import _copy, _disjoint, _holds_result, _Lifetimes, _owned, _same_memory, _shared, _viewed
 from workbench.graph.rng import generator
 from workbench.graph.schedule import HandleSlot, schedule_collectives, start_bucket, wait
+from workbench.graph.profile import run_profiled
 from workbench.ops.collective import SOLO
 from workbench.ops.fused import FUSED
 
@@ -362,6 +363,7 @@ class Plan:
         step: int | None = None,
         row_offset: int = 0,
         comm=None,
+        profile: dict | None = None,
     ) -> list:
         """Run once with the (already checked) feed values; returns the fetched values.
 
@@ -381,6 +383,8 @@ class Plan:
         comm : communicator, optional
             What collective ops talk to (see :mod:`workbench.ops.collective`): this replica's
             rank of its group. Default: one replica on its own.
+        profile : dict, optional
+            Time every kernel call and put ``{op name: seconds}`` here (see :mod:`workbench.graph.profile`).
         """
         self._step = self._runs if step is None else step
         self._row_offset = row_offset
@@ -393,7 +397,9 @@ class Plan:
             self._disjoint = _disjoint(state.values())
         for slot, value in zip(self.feed_slots, feed_values):
             slots[slot] = value
-        if check_numerics:
+        if profile is not None:
+            profile.update(run_profiled(self, slots, kernel_error))
+        elif check_numerics:
             self._run_checked(slots)
         else:
             i = -1

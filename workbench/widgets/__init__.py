@@ -10,6 +10,16 @@ from workbench.widgets.comparison_view import ComparisonView
 from workbench.widgets.graph_view import GraphView, link_shown
 from workbench.widgets.scaling_view import ScalingView
 from workbench.widgets.throttle import Throttle
+from workbench.widgets.timeline import TimelineView
 from workbench.widgets.training_view import TrainingView
 
-__all__ = ["ClusterView", "ComparisonView", "GraphView", "ScalingView", "Throttle", "TrainingView", "link_shown"]
+__all__ = [
+    "ClusterView",
+    "ComparisonView",
+    "GraphView",
+    "ScalingView",
+    "Throttle",
+    "TimelineView",
+    "TrainingView",
+    "link_shown",
+]

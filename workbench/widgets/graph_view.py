@@ -13,7 +13,7 @@ from workbench.graph.core import Graph
 from workbench.widgets import snapshots
 from workbench.widgets._base import View, front_end
 from workbench.widgets.drawn import drawn_operations
-from workbench.widgets.statistics import TITLES, StepStats
+from workbench.widgets.statistics import TITLES, StepStats, profile_stats
 from workbench.widgets.layout import (
     FOLD_OVER,
     all_scopes,
@@ -127,6 +127,16 @@ class GraphView(View):
         self.stat_scale = (
             {**self.stats.scale(stat, self.collapsed), "step": step, "title": TITLES[stat]} if stat else {}
         )
+
+    def show_profile(self, profile, step: int = 0) -> None:
+        """Colour the nodes by seconds per step (``stat="time"``, folded scopes by their sum): ``profile``
+        is a :class:`~workbench.History` of ``fit(..., profile=k)`` (each op's median) or ``{op: seconds}``
+        (``Session.last_profile``), shown as step ``step``."""
+        timed = profile.profile() if hasattr(profile, "profile") else dict(profile)
+        self.stats.add(int(step), profile_stats(timed))
+        self.step = int(step) if step else 0
+        self.stat = "time"
+        self._show_stats()
 
     def show_step(self, step: int) -> int:
         """Show the statistics of the recorded step nearest ``step``; returns that step."""
@@ -251,9 +261,10 @@ class GraphView(View):
 
     @handle.register
     def _step(self, event: Step) -> bool:
-        if event.graph != self.graph.token or not event.stats:
+        timed = event.metrics.get("profile") or {}  # fit(profile=k): each op's seconds
+        if event.graph != self.graph.token or not (event.stats or timed):
             return False
-        self.stats.add(event.step, event.stats)
+        self.stats.add(event.step, {**event.stats, **profile_stats(timed)})
         if not self.stat:
             self.stat = self.stats.kinds()[0] if self.stats.kinds() else ""
         return False
