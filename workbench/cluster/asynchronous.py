@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from workbench.cluster.fit import _infrastructure_errors
+from workbench.cluster.failures import restartable
 from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import shards, task_key
 from workbench.cluster.options import ClusterOptions
@@ -91,7 +91,7 @@ class AsyncEngine:
         self.labels = list(request.fetches)
         self.stragglers = coerce_stragglers(request.stragglers, self.replicas)
         self.restarts, self.max_restarts = 0, 5
-        self._transient = _infrastructure_errors()
+        self._transient = restartable()
 
     # -- the step-engine seam ---------------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
