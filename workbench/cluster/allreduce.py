@@ -43,6 +43,7 @@ from workbench.cluster.health import StepDeadline, scheduler_workers, silence_th
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.scatter import scatter_whole
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
@@ -279,7 +280,8 @@ class AllReduceEngine:
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
         try:
-            program, state, *data = client.scatter(
+            program, state, *data = scatter_whole(
+                client,
                 [self.program, variables, *(self.data[n] for n in self.program.feeds)],
                 broadcast=True,
                 hash=False,

@@ -24,6 +24,7 @@ from workbench.cluster.health import StepDeadline, scheduler_workers, silence_th
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
+from workbench.cluster.scatter import scatter_whole
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
 from workbench.events import EventStream, Restarted, Synced
@@ -77,6 +78,11 @@ class ParameterServer:
         self.labels = list(request.fetches)
         self.restarts = 0
         self._transient = _infrastructure_errors()
+        # what the workers hold for this fit, once placed (an interrupt may end the fit before)
+        self.program_ref = self.state_ref = None
+        self.sources: dict = {}
+        self.updates: dict[int, Any] = {}
+        self.metrics: deque = deque()
 
     # -- the StepEngine seam ------------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
@@ -198,15 +204,21 @@ class ParameterServer:
     def _scatter(self, variables: dict, step: int) -> None:
         client, where, timeout = self.client, self._placement(), self.deadline.seconds
         self.token = uuid.uuid4().hex[:8]
-        self.program_ref = client.scatter(self.program, broadcast=True, hash=False, workers=where, timeout=timeout)
+        self.program_ref = scatter_whole(
+            client, self.program, broadcast=True, hash=False, workers=where, timeout=timeout
+        )
         # a list, so that scatter keeps the dict whole
-        self.state_ref = client.scatter([initial_state(variables, step)], hash=False, workers=where, timeout=timeout)[0]
+        self.state_ref = scatter_whole(
+            client, [initial_state(variables, step)], hash=False, workers=where, timeout=timeout
+        )[0]
         self.sources = {}
         for name, value in self.data.items():
             if is_dask_array(value):
                 self.sources[name] = _Chunks(client, value, where)
             else:
-                future = client.scatter(np.asarray(value), broadcast=True, hash=False, workers=where, timeout=timeout)
+                future = scatter_whole(
+                    client, np.asarray(value), broadcast=True, hash=False, workers=where, timeout=timeout
+                )
                 self.sources[name] = _Whole(future)
         self.updates: dict[int, Any] = {}
         self.metrics: deque = deque()
@@ -289,7 +301,7 @@ class ParameterServer:
         self.host = ({**self.host[0], **variables}, step)
         # the next steps start from this copy: the lineage ends here
         where, timeout = self._placement(), self.deadline.seconds
-        self.state_ref = self.client.scatter([state], hash=False, workers=where, timeout=timeout)[0]
+        self.state_ref = scatter_whole(self.client, [state], hash=False, workers=where, timeout=timeout)[0]
         self.events.emit(Synced, step=step)
 
     def _fetch(self, update, step: int, whole: bool = False):
