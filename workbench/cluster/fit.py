@@ -107,7 +107,14 @@ class ParameterServer:
         return self.host
 
     def close(self) -> None:
-        # the scheduler forgets (and cancels) what nobody wants any more
+        # the scheduler forgets (and cancels) what nobody wants any more. Released explicitly: a failed
+        # step's error, kept by its future's state on the client, holds the frames that waited for it,
+        # and those frames the future, so dropping the references alone would keep its erred tasks
+        held = [f for _, f in self.metrics] + list(self.updates.values()) + [self.state_ref, self.program_ref]
+        held += [f for source in self.sources.values() for f in source.held()]
+        for future in held:
+            if future is not None:
+                future.release()
         self.metrics, self.updates = deque(), {}
         self.state_ref = self.program_ref = None
         self.sources = {}
@@ -332,6 +339,9 @@ class _Whole:
     def select(self, rows: np.ndarray):
         return self.future
 
+    def held(self) -> list:
+        return [self.future]
+
 
 class _Chunks:
     """A dask array persisted on the cluster: each replica gets the chunks holding its rows."""
@@ -345,6 +355,9 @@ class _Chunks:
         self.offsets = np.concatenate([[0], np.cumsum(array.chunks[0])])
         self.futures = [Future(d.key, client) for d in array.to_delayed().ravel()]
         self.array = array  # keeps the persisted chunks alive
+
+    def held(self) -> list:
+        return list(self.futures)
 
     def select(self, rows: np.ndarray):
         first = np.searchsorted(self.offsets, rows.min(), side="right") - 1

@@ -1,10 +1,12 @@
-"""An interrupt (the notebook's, SIGINT) while a cluster fit places its data: the fit ends with
-``FitInterrupted`` and the workers keep nothing of it."""
+"""A cluster fit that ends early leaves nothing behind: an interrupt (the notebook's, SIGINT) while it
+places its data ends it with ``FitInterrupted``, a failed step ends it with its error, and either way the
+scheduler and the workers keep nothing of it."""
 
 import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 import workbench as wb
@@ -61,3 +63,17 @@ def test_an_interrupt_during_the_scatter_ends_the_fit_and_leaves_nothing_on_the_
     history = sess.fit(m["train"], kit.blobs(n=256), batch_size=32, steps=3, strategy=strategy)  # and it trains on
     assert [r["step"] for r in history.records] == [1, 2, 3]
     assert wait_until_clean(client) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_failed_parameter_server_fit_leaves_no_erred_task_on_the_scheduler(client, kit):
+    assert wait_until_clean(client) == {}
+    m = kit.mlp(name="failing")
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    data = kit.blobs(n=256)
+    data["x"][100:] = np.nan
+    with pytest.raises(wb.errors.NumericsError, match="matmul.*NaN") as failed:
+        sess.fit(m["train"], data, batch_size=32, steps=20, strategy="parameter_server", check_numerics=True)
+    # the error is still held (a notebook keeps the last one), and still nothing stays
+    assert failed.value is not None and wait_until_clean(client) == {}
