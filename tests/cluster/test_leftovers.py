@@ -13,6 +13,8 @@ import workbench as wb
 from workbench.cluster.replica import held_runs
 from workbench.events import FitInterrupted
 
+OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
+
 
 def leftovers(client) -> dict:
     """What the cluster still holds: keys on the scheduler, data and replicas on each worker."""
