@@ -116,10 +116,12 @@ def test_an_interrupt_stops_the_fit_keeps_the_workers_and_the_stop_button_works(
     state = json.loads(out["stdout"])
     assert state["workers"] and state["same"] and state["done"] > 0, state
     assert state["outcome"] == f"interrupted at step {state['done']}"
-    again = run(
-        client, "t = time.monotonic(); sess.fit(train, data, batch_size=32, steps=5); print(time.monotonic() - t)"
-    )
-    assert again["status"] == "ok" and float(again["stdout"]) < 20, again  # the next fit works at once
+    fit_five = "t = time.monotonic(); sess.fit(train, data, batch_size=32, steps=5); print(time.monotonic() - t)"
+    again, then = run(client, fit_five), run(client, fit_five)
+    assert again["status"] == "ok" and then["status"] == "ok", (again, then)
+    # the first fit after the interrupt works at once: it waits for nothing the interrupted one left
+    # (a peer's timeout is 60 s), measured against the same fit once more, whatever the machine's load
+    assert float(again["stdout"]) < float(then["stdout"]) + 20, (again["stdout"], then["stdout"])
 
     assert run(client, "before = (sess.variables, sess._fits)")["status"] == "ok"
     msg_id, model_id = start_fit(client)
