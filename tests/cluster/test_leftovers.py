@@ -79,3 +79,30 @@ def test_a_failed_parameter_server_fit_leaves_no_erred_task_on_the_scheduler(cli
         sess.fit(m["train"], data, batch_size=32, steps=20, strategy="parameter_server", check_numerics=True)
     # the error is still held (a notebook keeps the last one), and still nothing stays
     assert failed.value is not None and wait_until_clean(client) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy", ["allreduce", "parameter_server"])
+def test_an_interrupt_while_results_come_home_leaves_the_client_whole(client, kit, monkeypatch, strategy):
+    from distributed import Future
+
+    m = kit.mlp(name="fetched")
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    result, fetches = Future.result, []
+
+    def interrupted_result(self, *args, **kwargs):  # one SIGINT as the fifth result is fetched
+        fetches.append(True)
+        if len(fetches) == 5:
+            client.loop.add_callback(os.kill, os.getpid(), signal.SIGINT)
+        return result(self, *args, **kwargs)
+
+    monkeypatch.setattr(Future, "result", interrupted_result)
+    with pytest.raises(KeyboardInterrupt):
+        sess.fit(m["train"], kit.blobs(n=256), batch_size=32, steps=1_000, strategy=strategy)
+    monkeypatch.undo()
+    assert 5 <= len(fetches) and len(sess.last_history.records) < 1_000  # ended early (at its last host copy)
+    # a gather cut short would have broken the client's next fetches (UnboundLocalError from distributed's sync)
+    history = sess.fit(m["train"], kit.blobs(n=256), batch_size=32, steps=3, strategy=strategy)
+    assert [r["step"] for r in history.records] == [1, 2, 3]
+    assert wait_until_clean(client) == {}

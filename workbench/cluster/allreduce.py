@@ -43,7 +43,7 @@ from workbench.cluster.health import StepDeadline, scheduler_workers, silence_th
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
-from workbench.cluster.scatter import scatter_whole
+from workbench.cluster.uninterrupted import results_whole, scatter_whole
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
@@ -352,7 +352,7 @@ class AllReduceEngine:
                 if f.status == "cancelled":
                     raise concurrent.futures.CancelledError(f"step {step}: task {key_label(f.key)} was cancelled")
             if all(f.status == "finished" for f in futures):  # results come from the workers: bounded too
-                results = [f.result(timeout=max(1.0, deadline - time.monotonic())) for f in futures]
+                results = results_whole(futures, timeout=max(1.0, deadline - time.monotonic()))
                 self.deadline.progressed(time.monotonic() - waited)
                 return results
             if time.monotonic() > deadline:

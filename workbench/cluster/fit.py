@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue
+import threading
 import time
 import uuid
 from collections import deque
@@ -24,7 +25,7 @@ from workbench.cluster.health import StepDeadline, scheduler_workers, silence_th
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
-from workbench.cluster.scatter import scatter_whole
+from workbench.cluster.uninterrupted import results_whole, scatter_whole
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
 from workbench.events import EventStream, Restarted, Synced
@@ -159,7 +160,11 @@ class ParameterServer:
         step, future = self.metrics[0]
         waited = time.perf_counter()
         try:
-            metrics = future.result(timeout=self.deadline.seconds)
+            ready = threading.Event()  # the wait an interrupt may cut short (the fetch below it may not)
+            future.add_done_callback(lambda _: ready.set())
+            if not ready.wait(self.deadline.seconds):
+                raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
+            (metrics,) = results_whole([future], timeout=self.deadline.seconds)
         except self._transient as e:
             return self._recover(coordinator, step, e)
         except WorkbenchError:
@@ -316,7 +321,7 @@ class ParameterServer:
         if self.program.device != "cpu":  # the worker copies the variables off its GPU
             key = task_key(self.graph_name, "host", step, token=self.token)
             update = self.client.submit(host_state, update, key=key, pure=False)
-        state = update.result(timeout=self.deadline.seconds)
+        (state,) = results_whole([update], timeout=self.deadline.seconds)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}
         return (variables, state) if whole else variables
 
