@@ -48,6 +48,7 @@ def test_a_damaged_newest_file_still_falls_back_to_the_one_before(tmp_path):
     assert step == 4
 
 
+@pytest.mark.slow
 def test_two_fits_writing_one_directory_both_finish(tmp_path):
     errors = []
 

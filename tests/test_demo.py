@@ -4,6 +4,8 @@ import pytest
 
 from workbench import demo
 
+pytestmark = pytest.mark.slow  # trains both models of the main job
+
 
 @pytest.fixture(scope="module")
 def results():

@@ -3,7 +3,6 @@
 import json
 import queue
 import time
-import warnings
 
 import pytest
 from jupyter_client.manager import start_new_kernel
@@ -74,20 +73,25 @@ def run(client, code: str, timeout: float = 120) -> dict:
     return {**reply["content"], "stdout": "".join(out)}
 
 
-def start_fit(client) -> tuple[str, str]:
-    """Start a long fit; its message id and the model id of the training view it shows, once steps run."""
+def start_fit(client, past: int = 25) -> tuple[str, str]:
+    """Start a long fit; its message id and the model id of the training view it shows, once the view
+    shows step ``past`` (beyond the first host copy of the variables, at step 20: an early end keeps it)."""
     msg_id = client.execute(FIT)
-    deadline = time.monotonic() + 120
+    deadline, model_id = time.monotonic() + 120, None
     while time.monotonic() < deadline:
         try:
             msg = client.get_iopub_msg(timeout=5)
         except queue.Empty:
             continue
-        view = msg["content"].get("data", {}).get("application/vnd.jupyter.widget-view+json")
+        content = msg["content"]
+        view = content.get("data", {}).get("application/vnd.jupyter.widget-view+json")
         if msg["msg_type"] == "display_data" and view:
-            time.sleep(1.5)  # steps are running
-            return msg_id, view["model_id"]
-    raise AssertionError("the fit never showed its training view")
+            model_id = view["model_id"]
+        if msg["msg_type"] == "comm_msg" and content.get("comm_id") == model_id:
+            step = content["data"].get("state", {}).get("state", {}).get("step") or 0
+            if step >= past:
+                return msg_id, model_id
+    raise AssertionError(f"the fit never showed step {past} in its training view (view: {model_id})")
 
 
 def finish(client, msg_id: str) -> dict:
@@ -112,13 +116,12 @@ def test_an_interrupt_stops_the_fit_keeps_the_workers_and_the_stop_button_works(
     state = json.loads(out["stdout"])
     assert state["workers"] and state["same"] and state["done"] > 0, state
     assert state["outcome"] == f"interrupted at step {state['done']}"
-    fit_again = "t = time.monotonic(); sess.fit(train, data, batch_size=32, steps=5); print(time.monotonic() - t)"
-    again = run(client, fit_again)
-    if again["status"] != "ok":  # seen once under a loaded full suite; the session must still recover at once
-        failed = f"{again.get('ename')}: {again.get('evalue')}"
-        warnings.warn(f"the first fit after an interrupt failed: {failed}", stacklevel=1)
-        again = run(client, fit_again)
-    assert again["status"] == "ok" and float(again["stdout"]) < 20, again  # the next fit works at once
+    fit_five = "t = time.monotonic(); sess.fit(train, data, batch_size=32, steps=5); print(time.monotonic() - t)"
+    again, then = run(client, fit_five), run(client, fit_five)
+    assert again["status"] == "ok" and then["status"] == "ok", (again, then)
+    # the first fit after the interrupt works at once: it waits for nothing the interrupted one left
+    # (a peer's timeout is 60 s), measured against the same fit once more, whatever the machine's load
+    assert float(again["stdout"]) < float(then["stdout"]) + 20, (again["stdout"], then["stdout"])
 
     assert run(client, "before = (sess.variables, sess._fits)")["status"] == "ok"
     msg_id, model_id = start_fit(client)

@@ -108,6 +108,7 @@ def test_loss_scale_arguments_are_checked():
 # -- training ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_mixed_precision_mlp_learns_digits_like_float32(digits):
     X_train, X_test, Y_train, Y_test = digits
     ref = mlp(mixed=False)
@@ -171,6 +172,7 @@ def test_dynamic_scale_skips_overflowing_steps_halves_and_grows():
     assert grown[1] == first_good + 6
 
 
+@pytest.mark.slow
 def test_json_round_trip_trains_the_same(digits):
     X_train, _, Y_train, _ = digits
     m = mlp()

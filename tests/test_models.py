@@ -55,6 +55,7 @@ def test_the_resnet_reaches_95_percent_within_600_steps(digits):
     assert not np.allclose(moving, 1.0)
 
 
+@pytest.mark.slow
 def test_the_rnn_learns_through_scan(digits):
     _, history, accuracy = train(models.rnn(), digits, 300)
     assert accuracy >= 0.90

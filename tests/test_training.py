@@ -20,6 +20,7 @@ def accuracy(sess, logits, x, X, Y):
     return float(np.mean(np.argmax(sess.run(logits, {x: X}), axis=1) == Y))
 
 
+@pytest.mark.slow
 def test_mlp_reaches_95_percent_on_digits(digits):
     X_train, X_test, Y_train, Y_test = digits
     g = wb.Graph(name="mlp")
@@ -37,6 +38,7 @@ def test_mlp_reaches_95_percent_on_digits(digits):
     assert accuracy(sess, logits, x, X_test, Y_test) >= 0.95
 
 
+@pytest.mark.slow
 def test_cnn_trains_on_digits(digits):
     X_train, X_test, Y_train, Y_test = digits
     g = wb.Graph(name="cnn")
@@ -156,6 +158,7 @@ def test_history_as_a_dataframe_indexed_by_step():
     assert frame.loc[4, "val_loss"] == 0.5
 
 
+@pytest.mark.slow
 def test_history_plot_draws_each_metric_against_the_step():
     pytest.importorskip("matplotlib")
     import matplotlib

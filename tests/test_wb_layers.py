@@ -65,7 +65,7 @@ def _bn_model(dtype, momentum=0.9):
     return g, x, y, train
 
 
-@pytest.mark.parametrize("dtype, rtol", [("float64", 1e-10), ("float32", 1e-5)])
+@pytest.mark.parametrize("dtype, rtol", [pytest.param("float64", 1e-10, marks=pytest.mark.slow), ("float32", 1e-5)])
 def test_batch_norm_trains_and_evaluates_as_pytorch(dtype, rtol):
     g, x, y, train = _bn_model(dtype)
     sess = wb.Session(g)

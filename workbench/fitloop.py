@@ -272,8 +272,8 @@ class FitLoop:
         token = self.events.tags.get("session", "")
         _RUNNING[token] = self
         try:
-            engine.start(variables, start)
             try:
+                self._start(engine, variables, start)
                 self._emit_started(engine, start)
                 self._steps(engine, start)
                 if self.stop_requested.is_set() and self.step < req.steps:
@@ -296,6 +296,16 @@ class FitLoop:
             if _RUNNING.get(token) is self:
                 del _RUNNING[token]
         return self.history, self.final
+
+    @staticmethod
+    def _start(engine: StepEngine, variables: dict[str, np.ndarray], start: int) -> None:
+        """``engine.start``, the first SIGINT held back until it returns: an interrupt while a cluster
+        engine places its data (the scatters) ends the fit once everything placed has a future, which
+        ``close`` then drops (a scatter cut short would leave its copy on the workers for good)."""
+        with interrupts_at_step_boundaries() as pending:
+            engine.start(variables, start)
+        if pending():
+            raise KeyboardInterrupt
 
     def _emit_started(self, engine: StepEngine, start: int) -> None:
         req = self.request

@@ -67,10 +67,20 @@ def local_client(n_workers: int):
         wb.cluster.close(client)
 
 
-@pytest.fixture(scope="module")
-def client():
-    """One real cluster per test module: 2 worker processes."""
+@pytest.fixture(scope="session")
+def shared_client():
+    """One real cluster of 2 worker processes for every module whose tests leave its workers as they were."""
     yield from local_client(2)
+
+
+@pytest.fixture(scope="module")
+def client(request):
+    """A real cluster of 2 worker processes: the shared one, or one of the module's own where the module
+    says ``OWN_CLUSTER = True`` (its tests kill, stop or close workers, or count what the cluster holds)."""
+    if getattr(request.module, "OWN_CLUSTER", False):
+        yield from local_client(2)
+    else:
+        yield request.getfixturevalue("shared_client")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import held_variables
 from workbench.testing import assert_close
 
+OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 STEPS = 12

@@ -10,6 +10,8 @@ import pytest
 from workbench.cluster.collective import CollectiveGroup, communicator
 from workbench.errors import ClusterError
 
+OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 

@@ -137,7 +137,7 @@ def test_a_message_of_the_wrong_length_or_dtype_is_refused_not_summed(loop, algo
         return send
 
     addresses = [f"inproc://{r}" for r in range(size)]
-    comms = [Communicator(name, r, addresses, sender(r), boxes[r], loop, 2.0, algorithm) for r in range(size)]
+    comms = [Communicator(name, r, addresses, sender(r), boxes[r], loop, 0.75, algorithm) for r in range(size)]
     arrays = [np.arange(30, dtype=np.float64) + r for r in range(size)]
     handles = [c.start("b0", a) for c, a in zip(comms, arrays)]
     errors = []

@@ -207,6 +207,7 @@ def test_plain_tcp_to_a_tls_scheduler_is_a_cluster_error(tls_cluster):
 # -- addresses that do not work --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("timeout", [1, "2s"])
 def test_unreachable_address_fails_within_the_timeout(timeout, dask_cli):
@@ -218,6 +219,7 @@ def test_unreachable_address_fails_within_the_timeout(timeout, dask_cli):
     assert time.perf_counter() - started < seconds + 10
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_configured_timeout_is_used(dask_cli):
     address = f"tcp://127.0.0.1:{dask_cli.free_port()}"

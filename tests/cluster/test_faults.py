@@ -14,6 +14,8 @@ from workbench.cluster import fit as cluster_fit
 from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.lower import parse_key
 
+OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 STEPS = 80

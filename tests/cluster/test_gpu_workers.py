@@ -13,6 +13,8 @@ import workbench as wb
 from workbench.cluster import program as cluster_program
 from workbench.cluster.program import TrainingProgram, host_state, to_host
 
+OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
+
 SEED = 3
 EMULATED = {"device": "gpu", "emulate": True}
 

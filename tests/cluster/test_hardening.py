@@ -14,6 +14,8 @@ from workbench.cluster.lower import parse_key
 from workbench.errors import ClusterError
 from workbench.events import FitInterrupted, Restarted, Synced
 
+OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 STEPS = 60

@@ -15,6 +15,8 @@ from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import expired, held_runs
 
+OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
+
 
 def held(client) -> dict:
     return {w: runs for w, runs in client.run(held_runs).items() if runs}

@@ -74,6 +74,7 @@ print(faults(), reuse_freed_memory(), faults())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_workers_reuse_freed_memory_despite_the_nannys_trim_threshold():
     # the environment a Dask nanny gives its workers

@@ -207,6 +207,7 @@ def _bfloat16_values(bits) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+@pytest.mark.slow
 def test_bfloat16_and_float16_updates_round_once_when_stored():
     program = (("multiply", (2, 1), (), "bfloat16"), ("subtract", (0, 3), (), "bfloat16"))  # w - lr g
     name, source = update_kernel_source(program, ("bfloat16", "bfloat16", "bfloat16"), (4,), 1, 2)
@@ -254,6 +255,7 @@ def test_float16_elementwise_kernels_compute_in_float():
     np.testing.assert_allclose(c.astype(np.float32), want.astype(np.float32), atol=1e-3)  # host tanh vs NumPy's: 1 ulp
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
 def test_training_kernels_compile_with_nvcc(tmp_path):
     sources = [cross_entropy_kernel_source(d, "int64", True)[1] for d in ("float16", "bfloat16", "float32", "float64")]

@@ -234,6 +234,7 @@ def test_other_dtypes_never_vectorize():
     assert HostRawKernel.launches == [] and kernels.vector_calls == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc")
 def test_vector_sources_compile_with_nvcc(tmp_path):
     program = ADAM_STEP + (

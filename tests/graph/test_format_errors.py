@@ -8,6 +8,7 @@ import workbench as wb
 from workbench.errors import FormatError
 
 
+@pytest.mark.slow
 def test_a_format_error_quotes_a_huge_value_briefly():
     g = wb.Graph(name="g")
     with g.as_default():

@@ -160,6 +160,7 @@ def test_bad_arguments(tmp_path):
         wb.export_onnx(g, tmp_path / "m.onnx", {"x": x}, {"p": probs})
 
 
+@pytest.mark.slow
 def test_onnx_is_imported_only_when_exporting():
     code = "import sys, workbench; assert 'onnx' not in sys.modules and 'onnxruntime' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -522,6 +523,7 @@ def layers_transformer():
     return g, ids, y, probs, train
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [layers_resnet, layers_transformer])
 def test_wb_layers_models_export_in_inference_mode(tmp_path, build):
     g, x, y, probs, train = build()

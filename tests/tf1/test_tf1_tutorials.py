@@ -45,6 +45,7 @@ def mnist():
     tf.reset_default_graph()
 
 
+@pytest.mark.slow
 def test_mnist_for_ml_beginners_softmax_regression(mnist):
     x = tf.placeholder(tf.float32, [None, 64])
     W = tf.Variable(tf.zeros([64, 10]))

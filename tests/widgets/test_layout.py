@@ -93,6 +93,7 @@ def test_a_folded_group_shows_its_most_urgent_state():
     assert group_states(states, ()) == states
 
 
+@pytest.mark.slow
 def test_a_big_graph_lays_out_quickly():
     g = wb.Graph(name="deep")
     with g.as_default():

@@ -70,6 +70,7 @@ def test_install_is_idempotent_and_uninstall_stops_it():
     assert len(shown) == 1 and not notebook.installed()
 
 
+@pytest.mark.slow
 def test_outside_a_kernel_nothing_is_installed_and_no_widgets_are_imported():
     import subprocess
 

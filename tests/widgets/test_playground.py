@@ -323,6 +323,7 @@ def test_playground_shows_bad_input_instead_of_raising():
     assert "color:#c00" not in app.status.value
 
 
+@pytest.mark.slow
 def test_play_trains_in_the_background_and_redraws_at_most_ten_times_a_second():
     app = Playground(size=60, resolution=10)
     draws = app.draws

@@ -47,6 +47,7 @@ from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
 from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.cluster.stat_combine import combine_stats, stat_rules
+from workbench.cluster.uninterrupted import results_whole, scatter_whole
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
@@ -290,7 +291,8 @@ class AllReduceEngine:
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
         try:
-            program, state, *data = client.scatter(
+            program, state, *data = scatter_whole(
+                client,
                 [self.program, variables, *(self.data[n] for n in self.program.feeds)],
                 broadcast=True,
                 hash=False,
@@ -379,7 +381,7 @@ class AllReduceEngine:
                 if f.status == "cancelled":
                     raise concurrent.futures.CancelledError(f"step {step}: task {key_label(f.key)} was cancelled")
             if all(f.status == "finished" for f in futures):  # results come from the workers: bounded too
-                results = [f.result(timeout=max(1.0, deadline - time.monotonic())) for f in futures]
+                results = results_whole(futures, timeout=max(1.0, deadline - time.monotonic()))
                 self.deadline.progressed(time.monotonic() - waited)
                 return results
             if time.monotonic() > deadline:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import queue
+import threading
 import time
 import uuid
 from collections import deque
@@ -28,6 +29,7 @@ from workbench.cluster.membership import Membership
 from workbench.cluster.options import ClusterOptions
 from workbench.cluster.program import TrainingProgram, host_state, initial_state
 from workbench.cluster.spans import Lanes, scheduler_now, task_spans
+from workbench.cluster.uninterrupted import results_whole, scatter_whole
 from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, FeedError, WorkbenchError
 from workbench.events import EventStream, Restarted, Synced
@@ -72,6 +74,11 @@ class ParameterServer:
         self.decided: dict[int, tuple] = {}  # backups: step -> (replicas used, wall time the step went on)
         self.restarts = 0
         self._transient = restartable()
+        # what the workers hold for this fit, once placed (an interrupt may end the fit before)
+        self.program_ref = self.state_ref = None
+        self.sources: dict = {}
+        self.updates: dict[int, Any] = {}
+        self.metrics: deque = deque()
 
     # -- the StepEngine seam ------------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
@@ -97,7 +104,14 @@ class ParameterServer:
         return self.host
 
     def close(self) -> None:
-        # the scheduler forgets (and cancels) what nobody wants any more
+        # the scheduler forgets (and cancels) what nobody wants any more. Released explicitly: a failed
+        # step's error, kept by its future's state on the client, holds the frames that waited for it,
+        # and those frames the future, so dropping the references alone would keep its erred tasks
+        held = [f for _, f in self.metrics] + list(self.updates.values()) + [self.state_ref, self.program_ref]
+        held += [f for source in self.sources.values() for f in source.held()]
+        for future in held:
+            if future is not None:
+                future.release()
         self.metrics, self.updates = deque(), {}
         self.state_ref = self.program_ref = None
         self.sources = {}
@@ -142,7 +156,11 @@ class ParameterServer:
         step, future = self.metrics[0]
         waited = time.perf_counter()
         try:
-            metrics = future.result(timeout=self.deadline.seconds)
+            ready = threading.Event()  # the wait an interrupt may cut short (the fetch below it may not)
+            future.add_done_callback(lambda _: ready.set())
+            if not ready.wait(self.deadline.seconds):
+                raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
+            (metrics,) = results_whole([future], timeout=self.deadline.seconds)
         except self._transient as e:
             return self._recover(coordinator, step, e)
         except WorkbenchError:
@@ -186,15 +204,21 @@ class ParameterServer:
     def _scatter(self, variables: dict, step: int) -> None:
         client, where, timeout = self.client, self._placement(), self.deadline.seconds
         self.token = uuid.uuid4().hex[:8]
-        self.program_ref = client.scatter(self.program, broadcast=True, hash=False, workers=where, timeout=timeout)
+        self.program_ref = scatter_whole(
+            client, self.program, broadcast=True, hash=False, workers=where, timeout=timeout
+        )
         # a list, so that scatter keeps the dict whole
-        self.state_ref = client.scatter([initial_state(variables, step)], hash=False, workers=where, timeout=timeout)[0]
+        self.state_ref = scatter_whole(
+            client, [initial_state(variables, step)], hash=False, workers=where, timeout=timeout
+        )[0]
         self.sources = {}
         for name, value in self.data.items():
             if is_dask_array(value):
                 self.sources[name] = _Chunks(client, value, where)
             else:
-                future = client.scatter(np.asarray(value), broadcast=True, hash=False, workers=where, timeout=timeout)
+                future = scatter_whole(
+                    client, np.asarray(value), broadcast=True, hash=False, workers=where, timeout=timeout
+                )
                 self.sources[name] = _Whole(future)
         self.updates: dict[int, Any] = {}
         self.metrics: deque = deque()
@@ -291,7 +315,7 @@ class ParameterServer:
         self.host = ({**self.host[0], **variables}, step)
         # the next steps start from this copy: the lineage ends here
         where, timeout = self._placement(), self.deadline.seconds
-        self.state_ref = self.client.scatter([state], hash=False, workers=where, timeout=timeout)[0]
+        self.state_ref = scatter_whole(self.client, [state], hash=False, workers=where, timeout=timeout)[0]
         self.events.emit(Synced, step=step)
 
     def _fetch(self, update, step: int, whole: bool = False):
@@ -299,7 +323,7 @@ class ParameterServer:
         if self.program.device != "cpu":  # the worker copies the variables off its GPU
             key = task_key(self.graph_name, "host", step, token=self.token)
             update = self.client.submit(host_state, update, key=key, pure=False)
-        state = update.result(timeout=self.deadline.seconds)
+        (state,) = results_whole([update], timeout=self.deadline.seconds)
         variables = {n: np.asarray(v) for n, v in state["variables"].items()}
         return (variables, state) if whole else variables
 
@@ -322,6 +346,9 @@ class _Whole:
     def select(self, rows: np.ndarray):
         return self.future
 
+    def held(self) -> list:
+        return [self.future]
+
 
 class _Chunks:
     """A dask array persisted on the cluster: each replica gets the chunks holding its rows."""
@@ -335,6 +362,9 @@ class _Chunks:
         self.offsets = np.concatenate([[0], np.cumsum(array.chunks[0])])
         self.futures = [Future(d.key, client) for d in array.to_delayed().ravel()]
         self.array = array  # keeps the persisted chunks alive
+
+    def held(self) -> list:
+        return list(self.futures)
 
     def select(self, rows: np.ndarray):
         first = np.searchsorted(self.offsets, rows.min(), side="right") - 1
