@@ -7,6 +7,7 @@ import pytest
 import workbench as wb
 
 pytestmark = pytest.mark.slow
+OWN_CLUSTER = True  # its last test kills a worker
 
 
 def sync(r):
