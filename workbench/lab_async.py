@@ -29,6 +29,7 @@ from workbench.clock import WALL, Clock
 from workbench.errors import ArgumentError, ClusterError
 from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_boundaries
 from workbench.lab_programs import LabPrograms, shards
+from workbench.spans import span, tracing
 from workbench.stragglers import coerce
 from workbench.training import batch_indices
 
@@ -216,4 +217,7 @@ class AsyncReplicas:
             "arrival": float(reply["arrival"]),
             "compute_seconds": self.clock.compute(reply["compute"]),
         }
+        if tracing():  # the replica's stretch from its read to its gradient's arrival (never a wait: async)
+            r, arrived = int(reply["replica"]), float(reply["arrival"])
+            metrics["spans"] = [span(f"replica {r}", r, step, "compute", max(self.now - arrived, 0.0), self.now)]
         return StepOutcome(step, fetches, metrics, seconds=seconds, elapsed=self.now if self.clock.virtual else None)

@@ -31,6 +31,7 @@ from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_bounda
 from workbench.graph.batch_reduction import combine as combine_fetch
 from workbench.lab_programs import LabPrograms, shards
 from workbench.ops.collective import pairwise_sum
+from workbench.spans import span, tracing
 from workbench.strategies.weights import weight
 from workbench.stragglers import coerce
 from workbench.training import batch_indices
@@ -195,4 +196,23 @@ class SyncReplicas:
         }
         if self.backups:
             metrics["dropped"] = dropped
+        if tracing():
+            metrics["spans"] = step_spans(step, self.now - seconds, arrivals, used, seconds)
         return StepOutcome(step, fetches, metrics, seconds=seconds, elapsed=self.now if self.clock.virtual else None)
+
+
+def step_spans(step: int, begin: float, arrivals: list[float], used: list[int], seconds: float) -> list[dict]:
+    """One step's spans (:mod:`workbench.timeline`), one lane per replica, in the engine's seconds since the
+    fit started (virtual ones under ``clock="virtual"``): ``compute`` until the replica handed its gradient
+    in (a straggler's delay included, as on the cluster), then ``wait`` for the last of the replicas used
+    to arrive; a dropped replica's lane ends where the step went on without it."""
+    last = max(used, key=lambda r: (arrivals[r], r))
+    out = []
+    for r, arrived in enumerate(arrivals):
+        worker = f"replica {r}"
+        done = min(arrived, seconds)
+        if done > 0:
+            out.append(span(worker, r, step, "compute", begin, begin + done))
+        if r in used and r != last and arrived < seconds:
+            out.append(span(worker, r, step, "wait", begin + arrived, begin + seconds, waiting_for=f"replica {last}"))
+    return out
