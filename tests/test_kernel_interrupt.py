@@ -31,7 +31,8 @@ before = (sess.variables, 0)
 
 def report(before):
     done = len(sess.last_history.records)
-    outcome = list(notebook._hook["views"].values())[-1].state["outcome"]
+    training = [v for v in notebook._hook["views"].values() if type(v).__name__ == "TrainingView"]
+    outcome = training[-1].state["outcome"]  # (a cluster fit's timeline view is shown after it)
     local = wb.Session(g, seed=0)  # the same start and batch order (the session's fit count seeds it)
     local.set_variables(before[0])
     local._fits = before[1]
@@ -85,7 +86,7 @@ def start_fit(client, past: int = 25) -> tuple[str, str]:
             continue
         content = msg["content"]
         view = content.get("data", {}).get("application/vnd.jupyter.widget-view+json")
-        if msg["msg_type"] == "display_data" and view:
+        if msg["msg_type"] == "display_data" and view and model_id is None:  # the training view (then the timeline)
             model_id = view["model_id"]
         if msg["msg_type"] == "comm_msg" and content.get("comm_id") == model_id:
             step = content["data"].get("state", {}).get("state", {}).get("step") or 0

@@ -101,8 +101,10 @@ def test_page_and_metrics_follow_a_fit_on_a_preloaded_cli_scheduler(preloaded, f
     assert "<b>probe</b> · running · step" in title and "steps/s" in title and "samples/s" in title
     curve = max((s for s in seen["sources"] if "loss" in s), key=lambda s: len(s["loss"]))  # not the validation curve
     assert len(curve["loss"]) >= 20 and curve["step"][0] == 1
-    timeline = next(s for s in seen["sources"] if "phase" in s)
+    timeline = next(s for s in seen["sources"] if "phase" in s and "waiting_for" not in s)  # the task phases
     assert set(timeline["phase"]) == {"allreduce"}  # the default strategy: one task per worker and step
+    lanes = next(s for s in seen["sources"] if "waiting_for" in s)  # the workers' lanes (workbench.dashboard.lanes)
+    assert {"compute", "update"} <= set(lanes["phase"]) and len(set(lanes["worker"])) == 2
     assert (
         len({w for w, p in zip(timeline["worker"], timeline["phase"]) if p == "allreduce"}) == 2
     )  # a replica per worker

@@ -237,7 +237,7 @@ class AllReduceEngine:
         """Place a replica of ``variables`` (the values after ``step``) on each worker."""
         self.host = ({n: np.array(v, copy=True) for n, v in variables.items()}, int(step))
         self.lanes = Lanes(scheduler_now(self.client))  # each step's spans, on the scheduler's clock
-        self._launch(self.membership.choose(self.max_replicas))
+        self._launch(self._choose_members())
 
     def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
         """Run steps ``first..last``; yields one outcome per step, in order, each step once.
@@ -389,6 +389,10 @@ class AllReduceEngine:
             if not changed.wait(self.poll):
                 self._check_members(step)
 
+    def _choose_members(self) -> list[str]:
+        """The members of a new attempt (the hook the backup engine overrides: R + b of them)."""
+        return self.membership.choose(self.max_replicas)
+
     def _check_members(self, step: int) -> None:
         """A member that left the cluster fails the step now, not when its peers' waits time out."""
         gone = self.membership.departed(self.group.addresses)
@@ -424,7 +428,7 @@ class AllReduceEngine:
         if self.events is not None:
             self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
         try:
-            members = self.membership.choose(self.max_replicas)
+            members = self._choose_members()
         except ClusterError as e:
             raise e from error  # none left: say what made the fit give up on them
         self._launch(members)

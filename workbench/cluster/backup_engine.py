@@ -46,11 +46,10 @@ class BackupAllReduceEngine(AllReduceEngine):
     lag = 64
 
     # -- members ----------------------------------------------------------------------------------
-    def _members(self, candidates: list[str]) -> list[str]:
+    def _choose_members(self) -> list[str]:
+        candidates = self.membership.choose(None)
         applied = self.applied or max(1, len(candidates) - self.backups)
         members = candidates[: applied + self.backups]
-        if len(members) < 1:
-            return super()._members(candidates)
         self.needed = min(applied, len(members))
         return members
 

@@ -108,7 +108,7 @@ class Coordinated:
         if self.events is not None:
             self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
         try:
-            members = self.membership.choose(self.max_replicas)
+            members = self._choose_members()
         except ClusterError as e:
             raise e from self._error  # none left: say what made the fit give up on them
         self._launch(members)
