@@ -111,6 +111,9 @@ class _Engine(Coordinated):
     def _drop(self):
         self._cancel()
 
+    def _choose_members(self):
+        return self.membership.choose(self.max_replicas)
+
     def _launch(self, members):
         self.launched.append((members, self.host[1]))
 
