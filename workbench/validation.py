@@ -94,6 +94,7 @@ class ClusterValidation:
 
     def __init__(self, session, fetches: dict, data: dict, every: int):
         from workbench.cluster.infer import inference_program
+        from workbench.cluster.uninterrupted import scatter_whole
 
         self.client, self.fetches, self.every = session.client, dict(fetches), every
         names = list(fetches.values())
@@ -103,7 +104,12 @@ class ClusterValidation:
         self.variables = [op.name for op in graph.operations if op.type == "variable"]
         device = (session.device.kind, session.device.options)
         self.program = inference_program(graph, tuple(names), (), tuple(data), session.seed, device)
-        self.data = [self.client.compute(v) if is_dask_array(v) else self.client.scatter(v) for v in data.values()]
+        # a key of its own (hash=False): a fit after this one may scatter the same arrays while this
+        # copy is being released, and a shared key lost in that race ends the next evaluation
+        self.data = [
+            self.client.compute(v) if is_dask_array(v) else scatter_whole(self.client, v, hash=False)
+            for v in data.values()
+        ]
 
     def evaluate(self, engine, step: int) -> dict:
         from workbench.cluster.infer import run_whole

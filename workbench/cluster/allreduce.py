@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.failures import drop
 from workbench.cluster.failures import restartable as _restartable
 from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
@@ -437,8 +438,7 @@ class AllReduceEngine:
         futures = [f for _, fs in self.flight for f in fs] + list(self.started)
         self.flight.clear()
         self.started = []
-        if futures:
-            self.client.cancel(futures)
+        drop(self.client, futures)
 
     def _drop(self) -> None:
         self._cancel()

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from workbench.cluster.failures import restartable
+from workbench.cluster.failures import drop, restartable
 from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import shards, task_key
 from workbench.cluster.options import ClusterOptions
@@ -233,7 +233,7 @@ class AsyncEngine:
         if self.client.status != "running":
             raise error
         self.deadline.restarted()
-        self.client.cancel([f for f, *_ in self.in_flight.values()])
+        drop(self.client, [f for f, *_ in self.in_flight.values()])
         time.sleep(min(5.0, self.deadline.seconds) / 5)  # the scheduler notices a dead worker meanwhile
         if self.events is not None:
             self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)

@@ -40,11 +40,13 @@ def cluster_error(
     ``step`` is the last step finished, ``data_bytes`` what the fit sends to each worker whole,
     ``address`` the scheduler's (a closed client no longer knows it).
     """
-    if isinstance(error, WorkbenchError):
+    status = getattr(client, "status", "running")
+    if isinstance(error, ClusterError) and status != "running" and _wraps_outside_error(error):
+        error = error.__cause__  # an engine's "step N failed" over what the closed client raised: say why
+    elif isinstance(error, WorkbenchError):
         return error
     at = f" after step {step}" if step else ""
     what = f"{type(error).__name__}: {error}"
-    status = getattr(client, "status", "running")
     address = address or _scheduler_address(client)
     closed = status in ("closing", "closed")
     if _scheduler_lost(error) or status in ("connecting", "failed") or closed and not scheduler_listens(address):
@@ -75,6 +77,32 @@ def cluster_error(
     translated = ClusterError(message)
     translated.__cause__ = error
     return translated
+
+
+def _wraps_outside_error(error: BaseException) -> bool:
+    cause = error.__cause__
+    return cause is not None and not isinstance(cause, WorkbenchError)
+
+
+def drop(client, futures) -> None:
+    """Cancel ``futures``, never waiting on a client that is being closed.
+
+    ``Client.cancel`` waits for the client's event loop, which a ``close()`` from another thread
+    stops, so that wait would never end; a client that is not running only has its references
+    released (the scheduler forgets what no client wants).
+    """
+    futures = [f for f in futures if f is not None]
+    if not futures:
+        return
+    if getattr(client, "status", None) == "running":
+        try:
+            client.cancel(futures)
+            return
+        except RuntimeError:  # its loop closed meanwhile
+            pass
+    for future in futures:
+        with contextlib.suppress(Exception):
+            future.release()
 
 
 def check_memory(client, data: dict) -> None:
