@@ -9,6 +9,9 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Bytecode is cached (an environment that turns it off makes every test module, and every worker
+# process a test starts, compile workbench from source again).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-quick lint test-blas
 

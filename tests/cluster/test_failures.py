@@ -59,6 +59,56 @@ def test_workbench_errors_pass_as_they_are_and_guarded_engines_translate():
     assert isinstance(raised.value.__cause__, OSError)
 
 
+def test_an_engines_step_failure_under_a_closed_client_says_the_client_was_closed():
+    cause = RuntimeError("IOLoop is closed")
+    step_failed = ClusterError("step 11 failed on the cluster: RuntimeError: IOLoop is closed")
+    step_failed.__cause__ = cause
+    translated = failures.cluster_error(step_failed, Client("closed"), step=11, address="inproc://scheduler")
+    assert translated.__cause__ is cause
+    with pytest.raises(ClusterError, match="client was closed while the fit ran after step 11.*create a new Session"):
+        raise translated
+    assert failures.cluster_error(step_failed, Client(), step=11) is step_failed  # a running client: as it is
+    named = ClusterError("no worker is left")  # an engine's own verdict, with no outside cause, stays
+    assert failures.cluster_error(named, Client("closed"), step=11, address="inproc://scheduler") is named
+
+
+class Held:
+    def __init__(self):
+        self.released = 0
+
+    def release(self):
+        self.released += 1
+
+
+class Cancelling(Client):
+    def __init__(self, status, loop_closed=False):
+        super().__init__(status)
+        self.cancelled, self.loop_closed = [], loop_closed
+
+    def cancel(self, futures):
+        if self.status != "running":
+            raise AssertionError("Client.cancel waits on the loop a close() stops: it must not be called")
+        if self.loop_closed:
+            raise RuntimeError("IOLoop is closed")
+        self.cancelled.extend(futures)
+
+
+@pytest.mark.parametrize("status", ["closing", "closed"])
+def test_drop_never_waits_on_a_client_being_closed(status):
+    client, held = Cancelling(status), [Held(), Held()]
+    failures.drop(client, [*held, None])
+    assert [h.released for h in held] == [1, 1] and client.cancelled == []
+
+
+def test_drop_cancels_on_a_running_client_and_releases_when_its_loop_closed_meanwhile():
+    client, held = Cancelling("running"), [Held(), Held()]
+    failures.drop(client, held)
+    assert client.cancelled == held and [h.released for h in held] == [0, 0]
+    client = Cancelling("running", loop_closed=True)
+    failures.drop(client, held)
+    assert [h.released for h in held] == [1, 1]
+
+
 def test_the_default_step_timeout_follows_the_measured_step_time():
     deadline = StepDeadline()
     assert deadline.seconds == FIRST_STEP_SECONDS  # the first step compiles
