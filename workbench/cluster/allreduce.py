@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.failures import drop
+from workbench.cluster.failures import check_client, drop
 from workbench.cluster.failures import restartable as _restartable
 from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
@@ -395,7 +395,9 @@ class AllReduceEngine:
         return self.membership.choose(self.max_replicas)
 
     def _check_members(self, step: int) -> None:
-        """A member that left the cluster fails the step now, not when its peers' waits time out."""
+        """A member that left the cluster fails the step now, not when its peers' waits time out (a lost
+        scheduler or a closed client too)."""
+        check_client(self.client)
         gone = self.membership.departed(self.group.addresses)
         if gone:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
@@ -442,6 +444,8 @@ class AllReduceEngine:
 
     def _drop(self) -> None:
         self._cancel()
+        if self.group is not None and self.client.status != "running":
+            self.group = None  # no scheduler to ask, or a closed client: the replicas' leases end them
         if self.group is not None:
             known = set(scheduler_workers(self.client, min(self.deadline.seconds, 10.0)))
             members = [a for a in self.group.addresses if a in known and a not in self.left_out]

@@ -106,7 +106,10 @@ class CollectiveGroup:
 
     def release(self, client, skip=(), timeout: float = 10.0) -> None:
         """Forget the group on its workers that are still there (dropping messages in flight);
-        ``skip``: members known to have stopped answering. Bounded whatever the members and the scheduler do."""
+        ``skip``: members known to have stopped answering. Bounded whatever the members and the scheduler do
+        (nothing with a client that no longer runs: no scheduler to go through; the members' leases end it)."""
+        if getattr(client, "status", "running") != "running":
+            return
         alive = set(scheduler_workers(client, timeout))
         members = [a for a in self.addresses if a in alive and a not in skip]
         if members:

@@ -84,6 +84,19 @@ def _wraps_outside_error(error: BaseException) -> bool:
     return cause is not None and not isinstance(cause, WorkbenchError)
 
 
+class ClientStopped(RuntimeError):
+    """The client stopped running under a fit (its scheduler lost, or closed): no engine recovers from
+    this; :func:`cluster_error` says which, by the client's status."""
+
+
+def check_client(client) -> None:
+    """Raise :class:`ClientStopped` at once when ``client`` no longer runs: a fit waiting for its
+    step would otherwise notice only when the step's deadline passes."""
+    status = getattr(client, "status", "running")
+    if status != "running":
+        raise ClientStopped(f"the Dask client is {status}")
+
+
 def drop(client, futures) -> None:
     """Cancel ``futures``, never waiting on a client that is being closed.
 

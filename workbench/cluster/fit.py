@@ -22,7 +22,7 @@ import numpy as np
 from dask.task_spec import List, TaskRef
 
 from workbench.cluster.allreduce import step_delays
-from workbench.cluster.failures import restartable
+from workbench.cluster.failures import ClientStopped, check_client, restartable
 from workbench.cluster.health import StepDeadline
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
 from workbench.cluster.membership import Membership
@@ -158,12 +158,15 @@ class ParameterServer:
         try:
             ready = threading.Event()  # the wait an interrupt may cut short (the fetch below it may not)
             future.add_done_callback(lambda _: ready.set())
-            if not ready.wait(self.deadline.seconds):
-                raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
+            deadline = waited + self.deadline.seconds
+            while not ready.wait(min(1.0, max(deadline - time.perf_counter(), 0.0))):
+                check_client(self.client)  # a lost scheduler ends the fit now, not at the deadline
+                if time.perf_counter() >= deadline:
+                    raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
             (metrics,) = results_whole([future], timeout=self.deadline.seconds)
         except self._transient as e:
             return self._recover(coordinator, step, e)
-        except WorkbenchError:
+        except (WorkbenchError, ClientStopped):
             raise
         except Exception as e:
             raise ClusterError(f"step {step} failed on the cluster: {type(e).__name__}: {e}") from e
