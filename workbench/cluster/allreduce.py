@@ -473,13 +473,15 @@ class AllReduceEngine:
         metrics["spans"] = self.lanes.step(step, results)
         stats = {}
         reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
-        if reported and "stats_share" not in reported[0]:  # a strategy function's: rank 0's shard
-            stats = dict(zip(self.stats_labels, reported[0]["stats"], strict=True))
-        elif reported:  # the global batch's statistics (workbench.cluster.stat_combine)
+        if reported:  # the global batch's statistics (workbench.cluster.stat_combine)
             if self._stat_rules is None:
-                self._stat_rules = stat_rules(self.program)
+                self._stat_rules = self._join_rules()
             joined = combine_stats(
                 self._stat_rules, [r["stats"] for r in reported], [r["stats_share"] for r in reported]
             )
             stats = dict(zip(self.stats_labels, joined, strict=True))
         return StepOutcome(step, fetches, metrics, stats=stats)
+
+    def _join_rules(self) -> list:
+        """How each statistic joins across the replicas (:func:`~workbench.cluster.stat_combine.stat_rules`)."""
+        return stat_rules(self.program)
