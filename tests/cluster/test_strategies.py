@@ -162,6 +162,40 @@ def test_a_lost_step_restarts_from_the_last_sync_with_every_ranks_state(kit, cli
     kit.assert_same_variables(straight, sess.variables, 1e-12)
 
 
+@pytest.mark.parametrize("strategy", [sync, "allreduce"], ids=["user_sync", "engine"])
+def test_a_member_that_leaves_as_the_run_restarts_is_one_more_restart(kit, client, monkeypatch, strategy):
+    from workbench.cluster import allreduce
+
+    straight, _ = fit(kit, client, strategy, steps=8, replicas=2, sync_every=4)
+    lost, scatter = [], allreduce.scatter_whole
+    submit = allreduce.AllReduceEngine._submit
+
+    def submit_then_cancel(self, step, sync):
+        submit(self, step, sync)
+        if step == 6 and not lost:  # lose step 6 once, as a dead worker would
+            lost.append("step")
+            self.client.cancel(self.flight[-1][1])
+
+    def scatter_then_gone(client, data, **kwargs):
+        if lost == ["step"]:  # the restart's scatter: a member the scheduler no longer knows
+            lost.append("member")
+            raise KeyError(kwargs["workers"][0])
+        return scatter(client, data, **kwargs)
+
+    monkeypatch.setattr(allreduce.AllReduceEngine, "_submit", submit_then_cancel)
+    monkeypatch.setattr(allreduce, "scatter_whole", scatter_then_gone)
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    events = []
+    sess.events.subscribe(lambda e: events.append(e["step"]) if e["kind"] == "restarted" else None)
+    history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=8, replicas=2, strategy=strategy, sync_every=4,
+                       fetches={"loss": m["loss"]})  # fmt: skip
+    assert lost == ["step", "member"]
+    assert events == [4, 4]  # the failed relaunch is a second restart from the same copy
+    assert [r["step"] for r in history.records] == list(range(1, 9))
+    kit.assert_same_variables(straight, sess.variables, 1e-12)
+
+
 def test_feed_dict_on_the_cluster_equals_the_simulation(client):
     g = wb.Graph(name="scaled")
     with g.as_default():

@@ -290,17 +290,7 @@ class AllReduceEngine:
         )
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
-        try:
-            program, state, *data = scatter_whole(
-                client,
-                [self.program, variables, *(self.data[n] for n in self.program.feeds)],
-                broadcast=True,
-                hash=False,
-                workers=members,
-                timeout=self.deadline.seconds,
-            )
-        except KeyError as e:  # the scheduler no longer knows a member: it died since they were chosen
-            raise CollectiveError(f"worker {e.args[0] if e.args else '?'} left the cluster as the run started") from e
+        program, state, *data = self._scatter([self.program, variables, *(self.data[n] for n in self.program.feeds)])
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = [
@@ -322,6 +312,17 @@ class AllReduceEngine:
             )
             for i, w in enumerate(members)
         ]
+
+    def _scatter(self, values: list, workers: list[str] | None = None) -> list:
+        """``values`` on ``workers`` (default: every member of the new group, each a copy), bounded by the
+        step deadline and whole though interrupted; a member that left meanwhile is a lost generation."""
+        members = self.group.addresses if workers is None else workers
+        try:
+            return scatter_whole(
+                self.client, values, broadcast=True, hash=False, workers=list(members), timeout=self.deadline.seconds
+            )
+        except KeyError as e:  # the scheduler no longer knows a member: it died since they were chosen
+            raise CollectiveError(f"worker {e.args[0] if e.args else '?'} left the cluster as the run started") from e
 
     def _needed(self, members: int) -> int | None:
         """How many gradients a backup group applies (None: an all-reduce of every member's)."""

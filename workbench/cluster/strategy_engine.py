@@ -145,14 +145,12 @@ class StrategyEngine(Coordinated, AllReduceEngine):
         self.group = CollectiveGroup.create(
             client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
         )
-        program, *data = client.scatter(
-            [self.program, *(self.data[n] for n in self.program.feeds)], broadcast=True, hash=False, workers=members
-        )
+        program, *data = self._scatter([self.program, *(self.data[n] for n in self.program.feeds)])
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = []
         for i, worker in enumerate(members):
-            (state,) = client.scatter([states[i]], hash=False, workers=[worker])
+            (state,) = self._scatter([states[i]], [worker])
             self.started.append(
                 client.submit(
                     start_strategy_replica,
