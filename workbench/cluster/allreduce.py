@@ -34,11 +34,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.coordinated import Coordinated
 from workbench.cluster.failures import restartable as _restartable
 from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
@@ -49,7 +49,6 @@ from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.cluster.uninterrupted import results_whole, scatter_whole
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
-from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
 from workbench.stragglers import coerce as check_stragglers
 from workbench.graph.batch_reduction import Reduction, combine
@@ -81,8 +80,12 @@ def _outcome_fetches(program, labels: list, results: list, rescale: float = 1.0)
     return fetches
 
 
-class AllReduceEngine:
+class AllReduceEngine(Coordinated):
     """Synchronous data-parallel training where replicas all-reduce their gradients worker to worker.
+
+    Its ``run`` is :class:`~workbench.cluster.coordinated.Coordinated`'s: the coordinator says what
+    to submit, record, bring home, leave out and redo; this class says how (``_submit``, ``_gather``,
+    ``_launch``, ``_drop``, ``_outcome``).
 
     Parameters
     ----------
@@ -239,37 +242,6 @@ class AllReduceEngine:
         self.lanes = Lanes(scheduler_now(self.client))  # each step's spans, on the scheduler's clock
         self._launch(self._choose_members())
 
-    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
-        """Run steps ``first..last``; yields one outcome per step, in order, each step once.
-
-        A host copy of the variables exists (see :meth:`variables`) for every step where
-        ``sync_at(step)`` is true, before that step's outcome is yielded, and for ``last``.
-        """
-        if self.host is None:
-            raise ClusterError("start(variables, step) comes before run()")
-        reported, submitted = first - 1, first - 1
-        every = self.sync_every
-        synced = lambda s: s == last or bool(sync_at(s)) or bool(every and s % every == 0)  # noqa: E731
-        while reported < last:
-            while submitted < last and len(self.flight) < self.window:
-                submitted += 1
-                self._submit(submitted, synced(submitted))
-            step, futures = self.flight[0]
-            try:
-                results = self._gather(step, futures)
-            except self._transient as e:
-                self._recover(step, e)
-                submitted = self.host[1]
-                continue
-            self.flight.popleft()
-            if "variables" in results[0]:
-                self.host = (results[0]["variables"], step)
-                if self.events is not None:
-                    self.events.emit(Synced, step=step)
-            if step > reported:
-                reported = step
-                yield self._outcome(step, results)
-
     def variables(self) -> tuple[dict, int]:
         """The latest host copy of the variables, and the step it is from."""
         if self.host is None:
@@ -399,40 +371,6 @@ class AllReduceEngine:
         gone = self.membership.departed(self.group.addresses)
         if gone:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
-
-    def _recover(self, step: int, error: BaseException) -> None:
-        """Drop the generation and start a new one on the workers left; a relaunch that fails too (a
-        second worker died meanwhile) is one more restart, on the workers left then."""
-        while True:
-            try:
-                self._restart(step, error)
-                return
-            except self._transient as again:  # bounded: each attempt counts against max_restarts
-                error = again
-
-    def _restart(self, step: int, error: BaseException) -> None:
-        self.restarts += 1
-        if self.restarts > self.max_restarts:
-            raise ClusterError(
-                f"training failed {self.restarts} times; last at step {step}: {type(error).__name__}: {error}"
-            ) from error
-        self._cancel()
-        # members that stopped answering (a stopped process: no progress, or a peer's collective
-        # timed out) are left out of this fit; a dead one leaves the cluster by itself
-        waited = min(self.deadline.seconds, self.timeout)
-        addresses = self.group.addresses if self.group is not None else ()
-        silent = self.membership.leave_out_silent(addresses, waited)
-        if addresses and not silent:  # a dead member: the scheduler says so in a moment
-            self.membership.wait_for_departures(addresses, min(5.0, self.timeout))
-        self.deadline.restarted()
-        self._drop()
-        if self.events is not None:
-            self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
-        try:
-            members = self._choose_members()
-        except ClusterError as e:
-            raise e from error  # none left: say what made the fit give up on them
-        self._launch(members)
 
     def _cancel(self) -> None:
         futures = [f for _, fs in self.flight for f in fs] + list(self.started)

@@ -16,7 +16,6 @@ import numpy as np
 from workbench.cluster import failures
 from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.coordinated import Coordinated
 from workbench.cluster.lower import allreduce_key
 from workbench.cluster.program import worker_device
 from workbench.cluster.stat_combine import graph_stat_rules, norm_variables
@@ -85,9 +84,9 @@ def stat_gradients(program: ReplicaProgram, stats: tuple) -> tuple[tuple, tuple]
     return tuple(norms), tuple(gradients)
 
 
-class StrategyEngine(Coordinated, AllReduceEngine):
+class StrategyEngine(AllReduceEngine):
     """:class:`AllReduceEngine` whose members run a strategy function's replica program, its steps
-    driven by the coordinator (:mod:`workbench.cluster.coordinated`)."""
+    driven by the coordinator as the engine's (:mod:`workbench.cluster.coordinated`)."""
 
     def __init__(self, client, program: StrategyProgram, replica_program: ReplicaProgram, graph_variables, **kwargs):
         self.replica_program = replica_program
