@@ -213,6 +213,18 @@ def test_feed_dict_on_the_cluster_equals_the_simulation(client):
     np.testing.assert_allclose(found[0], found[1], rtol=1e-12)
 
 
+def test_gradient_norms_of_a_loss_that_does_not_split_are_refused(client):
+    g = wb.Graph(name="squared_mean")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3), dtype="float64")
+        w = wb.variable("w", shape=(3,), dtype="float64")
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean(wb.sum(x * w, axis=1)) ** 2)  # no shard's share adds up
+    data = {"x": np.random.default_rng(3).normal(size=(64, 3))}
+    sess = wb.Session(g, seed=0, cluster=client)
+    with pytest.raises(wb.ClusterError, match=r"fit\(stats=...\) with strategy 'local_sgd' reports gradient norms"):
+        sess.fit(train, data, batch_size=16, steps=2, replicas=2, strategy=wb.strategies.local_sgd(every=2), stats=1)
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_the_allreduce_strategy_function_gives_the_bits_of_the_built_in_engine(kit, client, dtype):
     from workbench.strategies import resolve

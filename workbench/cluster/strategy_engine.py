@@ -66,7 +66,15 @@ def _loss_reduction(program: ReplicaProgram, norms: bool) -> str:
     if program.uses_weight():
         return program.reduction()
     loss = program.record.record.loss
-    return loss_reduction(program.record.graph, loss) if norms and loss else "mean"
+    if not (norms and loss):
+        return "mean"
+    try:
+        return loss_reduction(program.record.graph, loss)
+    except ClusterError as e:
+        raise ClusterError(
+            f"fit(stats=...) with strategy {program.name!r} reports gradient norms of the global batch's loss, "
+            f"which must be a mean or a sum over the rows: {e}"
+        ) from None
 
 
 def stat_gradients(program: ReplicaProgram, stats: tuple) -> tuple[tuple, tuple]:
