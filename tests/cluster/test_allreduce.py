@@ -171,3 +171,28 @@ def test_a_second_worker_dying_during_the_relaunch_costs_one_more_restart(fresh3
     engine.close()
     assert reported == list(range(1, steps + 1))  # workers remained: the fit went on
     kit.assert_same_variables(expected, variables, rtol=1e-9)
+
+
+def test_the_backup_engine_restarts_a_lost_step_from_the_last_sync(client3, kit, monkeypatch):
+    from workbench.cluster.backup_engine import BackupAllReduceEngine
+
+    lost = []
+    submit = BackupAllReduceEngine._submit
+
+    def submit_then_cancel(self, step, sync):
+        submit(self, step, sync)
+        if step == 6 and not lost:  # lose step 6 once, as a dead worker would
+            lost.append(step)
+            self.client.cancel(self.flight[-1][1])
+
+    monkeypatch.setattr(BackupAllReduceEngine, "_submit", submit_then_cancel)
+    m = kit.mlp()
+    sess = wb.Session(m["graph"], seed=0, cluster=client3)
+    restarted = []
+    sess.events.subscribe(lambda e: restarted.append(e["step"]) if e["kind"] == "restarted" else None)
+    history = sess.fit(m["train"], kit.blobs(), batch_size=24, steps=8, replicas=2, backup_replicas=1, sync_every=4,
+                       fetches=[m["loss"]])  # fmt: skip
+    assert lost == [6] and restarted == [4]  # redone from the copy of step 4, on R + b members again
+    assert [r["step"] for r in history.records] == list(range(1, 9))
+    assert history.records[-1]["restarts"] == 1 and len(history.records[-1]["arrivals"]) == 3
+    assert np.isfinite(history[m["loss"].name]).all()

@@ -1,8 +1,10 @@
 """The coordinator as the all-reduce family runs it (no lineage to cut: the window stays full across
 syncs), its leave-out instruction, and the shell that carries its instructions out
-(:mod:`workbench.cluster.coordinated`), all without Dask."""
+(:mod:`workbench.cluster.coordinated`, the run loop of the all-reduce and strategy engines), all
+without Dask."""
 
 from collections import deque
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -91,6 +93,8 @@ class _Engine(Coordinated):
         self.membership.hang = hang
         self._transient = (CollectiveError, OSError, TimeoutError)
         self.flight, self.lose, self.submitted, self.launched = deque(), list(lose), [], []
+        self.fail_launches = 0  # relaunches that fail (a second member gone meanwhile)
+        self.client = SimpleNamespace(status="running")
 
     def _submit(self, step, sync):
         self.submitted.append(step)
@@ -115,6 +119,9 @@ class _Engine(Coordinated):
         return self.membership.choose(self.max_replicas)
 
     def _launch(self, members):
+        if self.fail_launches:
+            self.fail_launches -= 1
+            raise CollectiveError("a member left as the run started")
         self.launched.append((members, self.host[1]))
 
     def _outcome(self, step, results):
@@ -165,3 +172,34 @@ def test_when_no_member_is_left_the_fit_says_so():
     engine.membership.left_out = {"w0": 20.0}
     with pytest.raises(ClusterError, match="no workers left"):
         _run(engine, last=2)
+
+
+def test_a_relaunch_that_fails_is_one_more_restart_from_the_same_copy():
+    engine = _Engine(lose=[5])
+    engine.fail_launches = 1
+    steps, outcomes = _run(engine)
+    assert steps == list(range(1, 8))
+    assert engine.launched == [(["w0", "w1"], 3)]
+    assert engine.restarts == 2 and outcomes[-1].metrics["restarts"] == 2
+
+
+def test_recover_restarts_at_once_for_a_run_loop_of_its_own():
+    """What the backup engine's loop calls: the same restart, from the host copy, members chosen again."""
+    engine = _Engine(hang=True)
+    engine.host = ({"v": 3.0}, 3)
+    engine.fail_launches = 1
+    engine._recover(5, CollectiveError("step 5 lost"))
+    assert engine.membership.left_out == {"w1": 30.0}
+    assert engine.launched == [(["w0"], 3)] and engine.restarts == 2
+    engine.max_restarts = 2
+    with pytest.raises(ClusterError, match="training failed 3 times; last at step 4: OSError: gone"):
+        engine._recover(4, OSError("gone"))
+
+
+@pytest.mark.parametrize("status", ["connecting", "closed"])
+def test_a_client_that_stopped_running_ends_the_run_without_a_restart(status):
+    engine = _Engine(lose=[5])
+    engine.client.status = status  # its scheduler lost, or closed under the fit: nothing to restart on
+    with pytest.raises(CollectiveError, match="step 5 lost"):
+        list(engine.run(1, 10, lambda s: False))
+    assert engine.restarts == 0 and engine.launched == []

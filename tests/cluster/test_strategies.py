@@ -59,11 +59,6 @@ def test_local_sgd_every_4_sends_its_bytes_on_the_cluster(kit, client):
     assert history["collectives"].tolist() == [0, 0, 0, 4] * 4  # one all_reduce per variable, every 4th step
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the all-reduce engine reports the global batch's statistics (the replicas' joined, gradient norms of "
-    "the all-reduced gradient); a strategy function still reports rank 0's shard's",
-)
 def test_statistics_of_a_strategy_function_on_the_cluster_are_the_engines(kit, client):
     from workbench.strategies import resolve
 
@@ -71,14 +66,18 @@ def test_statistics_of_a_strategy_function_on_the_cluster_are_the_engines(kit, c
     found = []
     for strategy in ("allreduce", resolve("allreduce"), wb.strategies.local_sgd(every=2)):
         sess = wb.Session(m["graph"], seed=0, cluster=client)
-        history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=4, replicas=2, strategy=strategy, stats=2)
+        history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=4, replicas=2, strategy=strategy, stats=1)
         found.append(history.stats)
     engine, function, local_sgd = found
-    assert sorted(engine) == sorted(function) == sorted(local_sgd) == [2, 4]
-    for step in (2, 4):  # rank 0's shard, before the update: the same numbers as the engine's
-        assert set(function[step]) == set(engine[step]) and set(local_sgd[step]) == set(engine[step])
+    assert sorted(engine) == sorted(function) == sorted(local_sgd) == [1, 2, 3, 4]
+    assert any(label.endswith("/grad_norm") for label in engine[1])
+    for step in (1, 2, 3, 4):  # the global batch's: the shards' joined, norms of the all-reduced gradient
+        assert set(function[step]) == set(engine[step]) == set(local_sgd[step])
         for label, value in engine[step].items():
-            np.testing.assert_allclose(function[step][label], value, rtol=1e-9, err_msg=label)
+            np.testing.assert_allclose(function[step][label], value, rtol=1e-9, err_msg=f"{step} {label}")
+    for label, value in engine[1].items():  # step 1 starts from the same variables on every replica
+        np.testing.assert_allclose(local_sgd[1][label], value, rtol=1e-9, err_msg=label)
+    assert local_sgd[2] != engine[2]  # then each replica's own: local steps differ from the all-reduced one
     assert all(np.isfinite(v) for v in local_sgd[4].values())
 
 
@@ -112,6 +111,21 @@ def test_three_workers_equal_local_training_and_the_simulation(kit, client3):
     kit.assert_same_variables(
         fit(kit, False, strategy, replicas=3)[0], fit(kit, client3, strategy, replicas=3)[0], 1e-9
     )
+
+
+def test_statistics_of_unequal_shards_are_the_engines(kit, client3):
+    from workbench.strategies import resolve
+
+    m = kit.mlp()
+    found = []
+    for strategy in ("allreduce", resolve("allreduce")):  # shards of 11, 11, 10 rows: weighted, then scaled
+        sess = wb.Session(m["graph"], seed=0, cluster=client3)
+        history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=2, replicas=3, strategy=strategy, stats=2)
+        found.append(history.stats[2])
+    engine, function = found
+    assert set(function) == set(engine)
+    for label, value in engine.items():
+        np.testing.assert_allclose(function[label], value, rtol=1e-9, err_msg=label)
 
 
 def test_an_unknown_name_on_a_cluster_lists_engines_and_strategies(kit, client):
@@ -148,6 +162,40 @@ def test_a_lost_step_restarts_from_the_last_sync_with_every_ranks_state(kit, cli
     kit.assert_same_variables(straight, sess.variables, 1e-12)
 
 
+@pytest.mark.parametrize("strategy", [sync, "allreduce"], ids=["user_sync", "engine"])
+def test_a_member_that_leaves_as_the_run_restarts_is_one_more_restart(kit, client, monkeypatch, strategy):
+    from workbench.cluster import allreduce
+
+    straight, _ = fit(kit, client, strategy, steps=8, replicas=2, sync_every=4)
+    lost, scatter = [], allreduce.scatter_whole
+    submit = allreduce.AllReduceEngine._submit
+
+    def submit_then_cancel(self, step, sync):
+        submit(self, step, sync)
+        if step == 6 and not lost:  # lose step 6 once, as a dead worker would
+            lost.append("step")
+            self.client.cancel(self.flight[-1][1])
+
+    def scatter_then_gone(client, data, **kwargs):
+        if lost == ["step"]:  # the restart's scatter: a member the scheduler no longer knows
+            lost.append("member")
+            raise KeyError(kwargs["workers"][0])
+        return scatter(client, data, **kwargs)
+
+    monkeypatch.setattr(allreduce.AllReduceEngine, "_submit", submit_then_cancel)
+    monkeypatch.setattr(allreduce, "scatter_whole", scatter_then_gone)
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    events = []
+    sess.events.subscribe(lambda e: events.append(e["step"]) if e["kind"] == "restarted" else None)
+    history = sess.fit(m["train"], kit.blobs(), batch_size=32, steps=8, replicas=2, strategy=strategy, sync_every=4,
+                       fetches={"loss": m["loss"]})  # fmt: skip
+    assert lost == ["step", "member"]
+    assert events == [4, 4]  # the failed relaunch is a second restart from the same copy
+    assert [r["step"] for r in history.records] == list(range(1, 9))
+    kit.assert_same_variables(straight, sess.variables, 1e-12)
+
+
 def test_feed_dict_on_the_cluster_equals_the_simulation(client):
     g = wb.Graph(name="scaled")
     with g.as_default():
@@ -163,6 +211,18 @@ def test_feed_dict_on_the_cluster_equals_the_simulation(client):
                  strategy=wb.strategies.local_sgd(every=2))  # fmt: skip
         found.append(sess.variables["w"])
     np.testing.assert_allclose(found[0], found[1], rtol=1e-12)
+
+
+def test_gradient_norms_of_a_loss_that_does_not_split_are_refused(client):
+    g = wb.Graph(name="squared_mean")
+    with g.as_default():
+        x = wb.placeholder("x", shape=(None, 3), dtype="float64")
+        w = wb.variable("w", shape=(3,), dtype="float64")
+        train = wb.optimizers.SGD(0.1).minimize(wb.mean(wb.sum(x * w, axis=1)) ** 2)  # no shard's share adds up
+    data = {"x": np.random.default_rng(3).normal(size=(64, 3))}
+    sess = wb.Session(g, seed=0, cluster=client)
+    with pytest.raises(wb.ClusterError, match=r"fit\(stats=...\) with strategy 'local_sgd' reports gradient norms"):
+        sess.fit(train, data, batch_size=16, steps=2, replicas=2, strategy=wb.strategies.local_sgd(every=2), stats=1)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])

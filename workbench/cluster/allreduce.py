@@ -34,11 +34,11 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.coordinated import Coordinated
 from workbench.cluster.failures import check_client, drop
 from workbench.cluster.failures import restartable as _restartable
 from workbench.cluster.health import StepDeadline, scheduler_workers
@@ -50,7 +50,6 @@ from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.cluster.uninterrupted import results_whole, scatter_whole
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
-from workbench.events import Restarted, Synced
 from workbench.fitloop import StepOutcome
 from workbench.stragglers import coerce as check_stragglers
 from workbench.graph.batch_reduction import Reduction, combine
@@ -82,8 +81,12 @@ def _outcome_fetches(program, labels: list, results: list, rescale: float = 1.0)
     return fetches
 
 
-class AllReduceEngine:
+class AllReduceEngine(Coordinated):
     """Synchronous data-parallel training where replicas all-reduce their gradients worker to worker.
+
+    Its ``run`` is :class:`~workbench.cluster.coordinated.Coordinated`'s: the coordinator says what
+    to submit, record, bring home, leave out and redo; this class says how (``_submit``, ``_gather``,
+    ``_launch``, ``_drop``, ``_outcome``).
 
     Parameters
     ----------
@@ -240,37 +243,6 @@ class AllReduceEngine:
         self.lanes = Lanes(scheduler_now(self.client))  # each step's spans, on the scheduler's clock
         self._launch(self._choose_members())
 
-    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
-        """Run steps ``first..last``; yields one outcome per step, in order, each step once.
-
-        A host copy of the variables exists (see :meth:`variables`) for every step where
-        ``sync_at(step)`` is true, before that step's outcome is yielded, and for ``last``.
-        """
-        if self.host is None:
-            raise ClusterError("start(variables, step) comes before run()")
-        reported, submitted = first - 1, first - 1
-        every = self.sync_every
-        synced = lambda s: s == last or bool(sync_at(s)) or bool(every and s % every == 0)  # noqa: E731
-        while reported < last:
-            while submitted < last and len(self.flight) < self.window:
-                submitted += 1
-                self._submit(submitted, synced(submitted))
-            step, futures = self.flight[0]
-            try:
-                results = self._gather(step, futures)
-            except self._transient as e:
-                self._recover(step, e)
-                submitted = self.host[1]
-                continue
-            self.flight.popleft()
-            if "variables" in results[0]:
-                self.host = (results[0]["variables"], step)
-                if self.events is not None:
-                    self.events.emit(Synced, step=step)
-            if step > reported:
-                reported = step
-                yield self._outcome(step, results)
-
     def variables(self) -> tuple[dict, int]:
         """The latest host copy of the variables, and the step it is from."""
         if self.host is None:
@@ -291,17 +263,7 @@ class AllReduceEngine:
         )
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
-        try:
-            program, state, *data = scatter_whole(
-                client,
-                [self.program, variables, *(self.data[n] for n in self.program.feeds)],
-                broadcast=True,
-                hash=False,
-                workers=members,
-                timeout=self.deadline.seconds,
-            )
-        except KeyError as e:  # the scheduler no longer knows a member: it died since they were chosen
-            raise CollectiveError(f"worker {e.args[0] if e.args else '?'} left the cluster as the run started") from e
+        program, state, *data = self._scatter([self.program, variables, *(self.data[n] for n in self.program.feeds)])
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = [
@@ -323,6 +285,17 @@ class AllReduceEngine:
             )
             for i, w in enumerate(members)
         ]
+
+    def _scatter(self, values: list, workers: list[str] | None = None) -> list:
+        """``values`` on ``workers`` (default: every member of the new group, each a copy), bounded by the
+        step deadline and whole though interrupted; a member that left meanwhile is a lost generation."""
+        members = self.group.addresses if workers is None else workers
+        try:
+            return scatter_whole(
+                self.client, values, broadcast=True, hash=False, workers=list(members), timeout=self.deadline.seconds
+            )
+        except KeyError as e:  # the scheduler no longer knows a member: it died since they were chosen
+            raise CollectiveError(f"worker {e.args[0] if e.args else '?'} left the cluster as the run started") from e
 
     def _needed(self, members: int) -> int | None:
         """How many gradients a backup group applies (None: an all-reduce of every member's)."""
@@ -402,40 +375,6 @@ class AllReduceEngine:
         if gone:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
 
-    def _recover(self, step: int, error: BaseException) -> None:
-        """Drop the generation and start a new one on the workers left; a relaunch that fails too (a
-        second worker died meanwhile) is one more restart, on the workers left then."""
-        while True:
-            try:
-                self._restart(step, error)
-                return
-            except self._transient as again:  # bounded: each attempt counts against max_restarts
-                error = again
-
-    def _restart(self, step: int, error: BaseException) -> None:
-        self.restarts += 1
-        if self.restarts > self.max_restarts:
-            raise ClusterError(
-                f"training failed {self.restarts} times; last at step {step}: {type(error).__name__}: {error}"
-            ) from error
-        self._cancel()
-        # members that stopped answering (a stopped process: no progress, or a peer's collective
-        # timed out) are left out of this fit; a dead one leaves the cluster by itself
-        waited = min(self.deadline.seconds, self.timeout)
-        addresses = self.group.addresses if self.group is not None else ()
-        silent = self.membership.leave_out_silent(addresses, waited)
-        if addresses and not silent:  # a dead member: the scheduler says so in a moment
-            self.membership.wait_for_departures(addresses, min(5.0, self.timeout))
-        self.deadline.restarted()
-        self._drop()
-        if self.events is not None:
-            self.events.emit(Restarted, step=self.host[1], attempt=self.restarts)
-        try:
-            members = self._choose_members()
-        except ClusterError as e:
-            raise e from error  # none left: say what made the fit give up on them
-        self._launch(members)
-
     def _cancel(self) -> None:
         futures = [f for _, fs in self.flight for f in fs] + list(self.started)
         self.flight.clear()
@@ -444,7 +383,7 @@ class AllReduceEngine:
 
     def _drop(self) -> None:
         self._cancel()
-        if self.group is not None and self.client.status != "running":
+        if self.group is not None and getattr(self.client, "status", "running") != "running":
             self.group = None  # no scheduler to ask, or a closed client: the replicas' leases end them
         if self.group is not None:
             known = set(scheduler_workers(self.client, min(self.deadline.seconds, 10.0)))
@@ -477,13 +416,15 @@ class AllReduceEngine:
         metrics["spans"] = self.lanes.step(step, results)
         stats = {}
         reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
-        if reported and "stats_share" not in reported[0]:  # a strategy function's: rank 0's shard
-            stats = dict(zip(self.stats_labels, reported[0]["stats"], strict=True))
-        elif reported:  # the global batch's statistics (workbench.cluster.stat_combine)
+        if reported:  # the global batch's statistics (workbench.cluster.stat_combine)
             if self._stat_rules is None:
-                self._stat_rules = stat_rules(self.program)
+                self._stat_rules = self._join_rules()
             joined = combine_stats(
                 self._stat_rules, [r["stats"] for r in reported], [r["stats_share"] for r in reported]
             )
             stats = dict(zip(self.stats_labels, joined, strict=True))
         return StepOutcome(step, fetches, metrics, stats=stats)
+
+    def _join_rules(self) -> list:
+        """How each statistic joins across the replicas (:func:`~workbench.cluster.stat_combine.stat_rules`)."""
+        return stat_rules(self.program)

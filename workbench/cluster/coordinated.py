@@ -1,4 +1,4 @@
-"""The run loop of an engine whose replicas live on the workers, as a thin shell around the coordinator.
+"""The run loop of the engines whose replicas live on the workers, as a thin shell around the coordinator.
 
 :class:`~workbench.cluster.sync.Coordinator` (plain code, tested without a cluster) decides what to
 submit, record, bring home, leave out and redo; :class:`Coordinated` carries its instructions out
@@ -8,8 +8,10 @@ scheduler stopped hearing from, :class:`~workbench.cluster.membership.Membership
 runs with ``hold_at_sync=False``: the step tasks of a sync point bring its variables home with their
 results, so the window stays full across syncs.
 
-Mixed in before the engine (``class StrategyEngine(Coordinated, AllReduceEngine)``), it replaces the
-engine's own ``run``; everything else is the engine's.
+It is the all-reduce engine's ``run`` (``class AllReduceEngine(Coordinated)``), so the built-in
+engine and the strategy engine (:mod:`workbench.cluster.strategy_engine`) restart, choose members
+and keep their window in one place. :meth:`Coordinated._recover` serves an engine with a run loop
+of its own (the backup engine's): the same restart, carried out at once.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from workbench.fitloop import StepOutcome
 
 
 class Coordinated:
-    """``run`` for an :class:`~workbench.cluster.allreduce.AllReduceEngine`, driven by the coordinator."""
+    """``run`` of :class:`~workbench.cluster.allreduce.AllReduceEngine` and its subclasses, driven by the coordinator."""
 
     def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
         """Run steps ``first..last``; yields one outcome per step, in order, each step once. A step where
@@ -72,7 +74,7 @@ class Coordinated:
                     return True
             except self._transient as e:  # a relaunch that failed too (a second worker died meanwhile)
                 todo.clear()
-                todo.extend(self._failed(coordinator, getattr(instruction, "step", coordinator.done), e))
+                todo.extend(self._lost(coordinator, getattr(instruction, "step", coordinator.done), e))
         return False
 
     def _next(self, coordinator: Coordinator) -> list:
@@ -81,14 +83,16 @@ class Coordinated:
         try:
             results = self._gather(step, futures)
         except self._transient as e:
-            return self._failed(coordinator, step, e)
+            return self._lost(coordinator, step, e)
         self.flight.popleft()
         self._results = (step, results)
         return coordinator.step_done(step, None)
 
-    def _failed(self, coordinator: Coordinator, step: int, error: BaseException) -> list:
+    def _lost(self, coordinator: Coordinator, step: int, error: BaseException) -> list:
         """Lost work: drop what is in flight, ask which members went silent, and let the coordinator say."""
         self._cancel()
+        if getattr(self.client, "status", "running") != "running":
+            raise error  # its scheduler lost, or closed: nothing to restart on (the engine's guard says which)
         self._error = error
         waited = min(self.deadline.seconds, self.timeout)
         addresses = self.group.addresses if self.group is not None else ()
@@ -97,6 +101,15 @@ class Coordinated:
             return coordinator.failed(step, error, self._silent)  # a ClusterError past max_restarts
         finally:
             self.restarts = coordinator.restarts
+
+    def _recover(self, step: int, error: BaseException) -> None:
+        """Step ``step`` was lost with ``error``: a new generation from the host copy now, as :meth:`run`
+        would start it (for a run loop of its own; a relaunch that fails too is one more restart)."""
+        at = self.host[1]
+        coordinator = Coordinator(at, at, window=self.window, max_restarts=self.max_restarts, hold_at_sync=False)
+        coordinator.restarts = self.restarts
+        self._silent, self._error = {}, None
+        self._carry_out(deque(self._lost(coordinator, step, error)), coordinator, deque())
 
     def _relaunch(self, restart: Restart) -> None:
         """A new generation on the workers left, from the host copy of ``restart.step``."""

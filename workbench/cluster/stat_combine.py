@@ -1,4 +1,5 @@
-"""``fit(stats=k)`` with the all-reduce strategy: the global batch's statistics from the replicas'.
+"""``fit(stats=k)`` on a cluster (the all-reduce engine, strategy functions): the global batch's
+statistics from the replicas'.
 
 On the steps that report statistics every replica runs the statistic ops
 (:mod:`workbench.graph.probes`) on its shard; what it reports and how the client joins them:
@@ -15,6 +16,9 @@ On the steps that report statistics every replica runs the statistic ops
   rank 0's shard value.
 
 The local fit on the same global batch gives the same statistics, up to the order of the sums.
+A strategy function's replicas (:mod:`workbench.cluster.strategy_replica`) report the same way; their
+``grad_norm`` is of the sum over the replicas of ``r.weight * g`` (each replica's gradient at its own
+variables, all-reduced on those steps alone), the all-reduced gradient of ``"allreduce"``.
 """
 
 from __future__ import annotations
@@ -44,24 +48,34 @@ def _target(name: str) -> tuple[str, str]:
     return op, stat
 
 
-def gradient_norm_indices(program) -> list[int]:
-    """For each of ``program.stats``: the index of its variable's gradient (a ``grad_norm``), or -1."""
-    variables = list(program.gradient_variables)
+def norm_variables(stats) -> list[str | None]:
+    """For each of ``stats`` (statistic tensors): the variable whose gradient's norm it is, or None."""
     found = []
-    for name in program.stats:
+    for name in stats:
         op, stat = _target(name)
-        found.append(variables.index(op) if stat == "grad_norm" and op in variables else -1)
+        found.append(op if stat == "grad_norm" else None)
     return found
 
 
+def gradient_norm_indices(program) -> list[int]:
+    """For each of ``program.stats``: the index of its variable's gradient (a ``grad_norm``), or -1."""
+    variables = list(program.gradient_variables)
+    return [variables.index(v) if v in variables else -1 for v in norm_variables(program.stats)]
+
+
 def stat_rules(program) -> list[StatRule]:
-    """How each of ``program.stats`` joins across replicas (see the module docstring)."""
-    graph = Graph.from_json(program.replica_json)
-    names = [name.partition(":")[0] for name in program.stats]
+    """How each of ``program.stats`` (a training program's) joins across replicas (see the module docstring)."""
+    return graph_stat_rules(Graph.from_json(program.replica_json), program.feeds, program.stats)
+
+
+def graph_stat_rules(graph: Graph, rows, stats) -> list[StatRule]:
+    """How each of ``stats`` (statistic tensors of ``graph``, whose placeholders ``rows`` are fed
+    the shard's rows) joins across replicas."""
+    names = [name.partition(":")[0] for name in stats]
     rules = []
     for name in names:
         op, stat = _target(name)
-        rules.append(_rule(graph, program.feeds, names, op, stat, name))
+        rules.append(_rule(graph, rows, names, op, stat, name))
     return rules
 
 

@@ -16,12 +16,12 @@ import numpy as np
 from workbench.cluster import failures
 from workbench.cluster.allreduce import AllReduceEngine
 from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.coordinated import Coordinated
 from workbench.cluster.lower import allreduce_key
 from workbench.cluster.program import worker_device
+from workbench.cluster.stat_combine import graph_stat_rules, norm_variables
 from workbench.cluster.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
 from workbench.errors import ClusterError
-from workbench.graph.batch_reduction import fetch_reduction
+from workbench.graph.batch_reduction import fetch_reduction, loss_reduction
 from workbench.strategies.program import ReplicaProgram
 from workbench.stragglers import coerce as coerce_stragglers
 
@@ -38,6 +38,8 @@ def strategy_program(request, program: ReplicaProgram) -> StrategyProgram:
     feeds = tuple(name for name in request.data if name in used)
     device, options = worker_device(request.device.kind, request.device.options)
     inputs = program.inputs
+    stats = tuple(request.stats.values())
+    norms, gradients = stat_gradients(program, stats)
     return StrategyProgram(
         strategy=program.name,
         variants=variants,
@@ -47,17 +49,52 @@ def strategy_program(request, program: ReplicaProgram) -> StrategyProgram:
         weight_dtype=graph.get(inputs["weight"]).dtype,
         fetches=tuple(request.fetches.values()),
         fetch_reductions=tuple(fetch_reduction(request.graph, name) for name in request.fetches.values()),
-        loss_reduction=program.reduction() if program.uses_weight() else "mean",
+        loss_reduction=_loss_reduction(program, norms=bool(gradients)),
         seed=request.seed,
         device=device,
         device_options=options,
-        stats=tuple(request.stats.values()),
+        stats=stats,
+        stat_norms=norms,
+        stat_gradients=gradients,
     )
 
 
-class StrategyEngine(Coordinated, AllReduceEngine):
+def _loss_reduction(program: ReplicaProgram, norms: bool) -> str:
+    """How the fit's loss reduces the rows: what ``r.weight`` is fed, and (``norms``) how the gradient
+    norms of ``fit(stats=k)`` weight each shard's gradient (a loss neither a mean nor a sum is refused
+    with the all-reduce engine's error)."""
+    if program.uses_weight():
+        return program.reduction()
+    loss = program.record.record.loss
+    if not (norms and loss):
+        return "mean"
+    try:
+        return loss_reduction(program.record.graph, loss)
+    except ClusterError as e:
+        raise ClusterError(
+            f"fit(stats=...) with strategy {program.name!r} reports gradient norms of the global batch's loss, "
+            f"which must be a mean or a sum over the rows: {e}"
+        ) from None
+
+
+def stat_gradients(program: ReplicaProgram, stats: tuple) -> tuple[tuple, tuple]:
+    """For each of ``stats``: the index of the gradient whose global-batch norm it reports (a ``grad_norm``),
+    or -1; and those gradients (the shard's, tensors of the replica program)."""
+    gradient_of = {variable: gradient for gradient, variable in program.record.record.gradients}
+    norms, gradients = [], []
+    for variable in norm_variables(stats):
+        if variable is None or variable not in gradient_of:
+            norms.append(-1)
+            continue
+        if gradient_of[variable] not in gradients:
+            gradients.append(gradient_of[variable])
+        norms.append(gradients.index(gradient_of[variable]))
+    return tuple(norms), tuple(gradients)
+
+
+class StrategyEngine(AllReduceEngine):
     """:class:`AllReduceEngine` whose members run a strategy function's replica program, its steps
-    driven by the coordinator (:mod:`workbench.cluster.coordinated`)."""
+    driven by the coordinator as the engine's (:mod:`workbench.cluster.coordinated`)."""
 
     def __init__(self, client, program: StrategyProgram, replica_program: ReplicaProgram, graph_variables, **kwargs):
         self.replica_program = replica_program
@@ -115,14 +152,12 @@ class StrategyEngine(Coordinated, AllReduceEngine):
         self.group = CollectiveGroup.create(
             client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
         )
-        program, *data = client.scatter(
-            [self.program, *(self.data[n] for n in self.program.feeds)], broadcast=True, hash=False, workers=members
-        )
+        program, *data = self._scatter([self.program, *(self.data[n] for n in self.program.feeds)])
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = []
         for i, worker in enumerate(members):
-            (state,) = client.scatter([states[i]], hash=False, workers=[worker])
+            (state,) = self._scatter([states[i]], [worker])
             self.started.append(
                 client.submit(
                     start_strategy_replica,
@@ -143,8 +178,11 @@ class StrategyEngine(Coordinated, AllReduceEngine):
 
     def _step_task(self, rank: int, args: tuple, sync: bool, stats_due: bool) -> tuple:
         """Every rank brings its state home at a sync (not rank 0 alone): replicas may differ between
-        averaging steps (local SGD's optimizer slots). Rank 0 reports the model's statistics."""
-        return run_strategy_step, (*args[:7], sync, *args[8:]), {"stats": stats_due and rank == 0}
+        averaging steps (local SGD's optimizer slots). Every rank reports its shard's statistics."""
+        return run_strategy_step, (*args[:7], sync, *args[8:]), {"stats": stats_due}
+
+    def _join_rules(self) -> list:
+        return graph_stat_rules(self.replica_program.record.graph, self.program.feeds, self.program.stats)
 
 
 def make(request, client, options, events, strategy):

@@ -59,8 +59,15 @@ class StrategyProgram:
     device, device_options :
         As :class:`~workbench.cluster.program.TrainingProgram`'s (CPU workers).
     stats : tuple
-        The model's statistic ops (``fit(stats=k)``): on the steps that report them, rank 0 also
-        computes them, on its shard, before the update (what the all-reduce engine reports).
+        The model's statistic ops (``fit(stats=k)``): on the steps that report them, every rank also
+        computes them on its shard, before the update, and the client joins them as the all-reduce
+        engine's (:mod:`workbench.cluster.stat_combine`).
+    stat_norms : tuple of int
+        For each of ``stats``: the index into ``stat_gradients`` of the gradient whose global-batch norm
+        it reports (a ``grad_norm``), or -1.
+    stat_gradients : tuple of str
+        The shard's gradients of those norms: on the steps that report statistics the ranks all-reduce
+        them, each times its weight, as the all-reduce engine's replicas do, and take the sum's norm.
     bucket_bytes : int or None
         The plans start their sum and mean all-reduces in flat buckets of about this many bytes, in the
         order the backward pass makes their inputs (:mod:`workbench.graph.schedule`; the all-reduce
@@ -80,6 +87,8 @@ class StrategyProgram:
     device: str = "cpu"
     device_options: tuple = ()
     stats: tuple = ()
+    stat_norms: tuple = ()
+    stat_gradients: tuple = ()
     bucket_bytes: int | None = BUCKET_BYTES
 
     def due(self, step: int) -> tuple:
@@ -194,10 +203,9 @@ class StrategyReplica:
         for due, text in program.variants:
             graph = Graph.from_json(text)
             self.plans[tuple(due)] = self._compile(graph, [UPDATE, *program.fetches], fed, device)
-            if program.stats and self.comm.rank == 0:  # the steps that report the model's statistics
-                self.stats_plans[tuple(due)] = self._compile(
-                    graph, [UPDATE, *program.fetches, *program.stats], fed, device
-                )
+            if program.stats:  # the steps that report the model's statistics
+                fetched = [UPDATE, *program.fetches, *program.stats, *program.stat_gradients]
+                self.stats_plans[tuple(due)] = self._compile(graph, fetched, fed, device)
 
     def _compile(self, graph: Graph, fetches: list, fed: list, device):
         program = self.program
@@ -213,11 +221,21 @@ class StrategyReplica:
         )
 
     def run(
-        self, step: int, rows, offset: int, fetch_weight: float, sync: bool, stats: bool = False, delay: float = 0.0
+        self,
+        step: int,
+        rows,
+        offset: int,
+        fetch_weight: float,
+        sync: bool,
+        stats: bool = False,
+        delay: float = 0.0,
+        reduce: tuple = (1.0, None),
     ) -> dict:
+        """Step ``step`` on the shard ``rows``; ``reduce``: the all-reduce engine's ``(weight, scale)`` of
+        this rank (:func:`~workbench.cluster.lower.allreduce_calls`), for the gradient norms of ``stats``."""
         self.used, self._running = time.monotonic(), True
         try:
-            return self._run_in_turn(step, rows, offset, fetch_weight, sync, stats, delay)
+            return self._run_in_turn(step, rows, offset, fetch_weight, sync, stats, delay, reduce)
         finally:
             self.used, self._running = time.monotonic(), False
 
@@ -225,7 +243,7 @@ class StrategyReplica:
         """Whether a step runs now (its lease does not end while it does)."""
         return self._running
 
-    def _run_in_turn(self, step, rows, offset: int, fetch_weight: float, sync: bool, stats: bool, delay: float) -> dict:
+    def _run_in_turn(self, step, rows, offset, fetch_weight, sync, stats, delay, reduce) -> dict:
         with self.turn:  # steps run in order (a later step that started early waits, bounded)
             ready = self.turn.wait_for(lambda: self.failed or self.step >= step - 1, timeout=self.group.timeout)
         if self.failed:
@@ -233,7 +251,7 @@ class StrategyReplica:
         if not ready or self.step != step - 1:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
         try:
-            return self._run(step, rows, offset, fetch_weight, sync, stats, delay)
+            return self._run(step, rows, offset, fetch_weight, sync, stats, delay, reduce)
         except BaseException as e:
             self.failed = f"step {step} failed here: {type(e).__name__}: {e}"
             raise
@@ -241,7 +259,7 @@ class StrategyReplica:
             with self.turn:
                 self.turn.notify_all()
 
-    def _run(self, step, rows, offset, fetch_weight, sync, stats=False, delay=0.0) -> dict:
+    def _run(self, step, rows, offset, fetch_weight, sync, stats=False, delay=0.0, reduce=(1.0, None)) -> dict:
         program, inputs = self.program, dict(self.program.inputs)
         due = program.due(step)
         stats = stats and due in self.stats_plans
@@ -262,8 +280,9 @@ class StrategyReplica:
         values = plan.run([feeds[n] for n in plan.feed_names], step=step - 1, row_offset=offset, comm=comm)
         comm.hand_in()  # a step without collectives: late at its end
         self.settling = comm.handles
-        self.step = step
         m = 1 + len(program.fetches)
+        reported = self._stats(step, values[m:], reduce, comm) if stats else None
+        self.step = step
         fetches = [
             weighted(r, np.array(v, copy=True), fetch_weight)
             for r, v in zip(program.fetch_reductions, values[1:m], strict=True)
@@ -286,11 +305,46 @@ class StrategyReplica:
             "start_wall": start_wall,
             "ready_wall": comm.ready_wall,
         }
-        if stats:  # this replica's shard's statistics, as the all-reduce engine reports them
-            result["stats"] = [float(np.asarray(v)) for v in values[m:]]
+        if reported is not None:  # this shard's statistics and its share, as the all-reduce engine's replicas
+            result["stats"], result["stats_share"] = reported, float(fetch_weight)
         if sync:  # every rank: replicas may differ between averaging steps (local SGD's optimizer slots)
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         return result
+
+    def _stats(self, step: int, values: list, reduce: tuple, comm: WorkerComm) -> list[float]:
+        """The statistics of this shard, gradient norms of the global batch's gradient (``values``: the
+        statistics, then :attr:`StrategyProgram.stat_gradients`)."""
+        program = self.program
+        reported = [float(np.asarray(v)) for v in values[: len(program.stats)]]
+        if not program.stat_gradients:
+            return reported
+        started, began = time.perf_counter(), time.time()
+        summed = self._summed(step, values[len(program.stats) :], *reduce)
+        comm.wait_seconds += time.perf_counter() - started
+        comm.waited(f"{step}.stats", began)
+        norms = [float(np.linalg.norm(g)) for g in summed]
+        return [norms[j] if j >= 0 else v for v, j in zip(reported, program.stat_norms, strict=True)]
+
+    def _summed(self, step: int, gradients: list, weight: float, scale: float | None) -> list[np.ndarray]:
+        """Each of ``gradients`` times ``weight``, summed over the ranks, times ``scale``: the all-reduce
+        engine's arithmetic. One reduction per dtype, settled before the next step as the plan's are."""
+        arrays = [np.asarray(g) for g in gradients]
+        by_dtype: dict = {}
+        for j, g in enumerate(arrays):
+            by_dtype.setdefault(g.dtype.str, []).append(j)
+        out: list = [None] * len(arrays)
+        for dtype, members in by_dtype.items():
+            flat = np.concatenate([arrays[j].reshape(-1) for j in members])  # a fresh array, reduced in place
+            if weight != 1.0:
+                np.multiply(flat, weight, out=flat, casting="unsafe")
+            handle = self.comm.start(f"{step}.stats.{dtype}", flat, scale)
+            self.settling.append(handle)
+            handle.summed(self.group.timeout)
+            start = 0
+            for j in members:
+                out[j] = flat[start : start + arrays[j].size]
+                start += arrays[j].size
+        return out
 
     def close(self) -> None:
         self.comm.close()
@@ -320,8 +374,8 @@ def run_strategy_step(
     step: int,
     rows,
     offset: int,
-    _weight,
-    _scale,
+    weight,
+    scale,
     fetch_weight,
     sync,
     _started,
@@ -329,9 +383,9 @@ def run_strategy_step(
     delay: float = 0.0,
 ):
     """One replica's step ``step`` (the arguments of :func:`workbench.cluster.lower.allreduce_calls`;
-    ``stats``: also report the model's statistics; ``delay``: the seconds it is made late, see
-    :meth:`WorkerComm.hand_in`)."""
+    ``weight`` and ``scale`` serve the gradient norms of ``stats``: also report the model's statistics;
+    ``delay``: the seconds it is made late, see :meth:`WorkerComm.hand_in`)."""
     replica = _REPLICAS.get(token)
     if not isinstance(replica, StrategyReplica):
         raise CollectiveError(f"no strategy replica of run {token!r} on this worker (restarted?)")
-    return replica.run(step, rows, offset, fetch_weight, sync, stats, delay)
+    return replica.run(step, rows, offset, fetch_weight, sync, stats, delay, (weight, scale))
