@@ -59,6 +59,7 @@ class Mailbox:
         self._closed: set[str] = set()  # groups released here: late messages for them are dropped
         self._joined: set[str] = set()
         self._pending: set[str] = set()  # groups not joined (yet) with an expiry scheduled
+        self._into: dict[str, Any] = {}  # key -> the array a receiver wants that message written into
         self.stray_seconds = float(stray_seconds)
 
     def join(self, group: str) -> None:
@@ -79,6 +80,23 @@ class Mailbox:
             slot = self._slots[key] = asyncio.get_running_loop().create_future()
         return slot
 
+    def expect(self, group: str, key: str, into) -> None:
+        """Ask that ``key`` of ``group``, if it has not arrived yet, be written into ``into``
+        (a transport that can read into a buffer asks :meth:`destination`)."""
+        full = f"{group}|{key}"
+        if group not in self._closed and full not in self._slots:
+            self._into[full] = into
+
+    def destination(self, group: str, key: str, dtype, nbytes: int):
+        """The array registered for ``key`` of ``group`` if a message of ``nbytes`` bytes of
+        ``dtype`` fits it exactly (it is then handed out once), else None."""
+        full = f"{group}|{key}"
+        into = self._into.get(full)
+        if into is None or into.dtype != dtype or into.nbytes != nbytes or group in self._closed:
+            return None
+        del self._into[full]
+        return into
+
     def put(self, group: str, key: str, value) -> None:
         if group in self._closed:
             return
@@ -94,6 +112,7 @@ class Mailbox:
         try:
             return await asyncio.wait_for(asyncio.shield(self._slot(full)), timeout)
         finally:
+            self._into.pop(full, None)
             slot = self._slots.get(full)
             if slot is not None and slot.done():
                 del self._slots[full]
@@ -110,6 +129,8 @@ class Mailbox:
         prefix = f"{group}|"
         for key in [k for k in self._slots if k.startswith(prefix)]:
             self._slots.pop(key).cancel()
+        for key in [k for k in self._into if k.startswith(prefix)]:
+            del self._into[key]
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -129,7 +150,8 @@ def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
 def tree_sum(parts: list, out=None):
     """``(p0 + p1) + (p2 + p3) ...``, pairwise over ``parts`` in order; into ``out`` when given.
 
-    ``parts`` may include ``out`` itself; intermediate sums go to fresh arrays, the last into ``out``.
+    ``parts`` may include ``out`` itself; intermediate sums go to fresh arrays, the last into ``out``
+    (between 2 ranks there are none: one add, in place).
     """
     level = list(parts)
     while len(level) > 2:
@@ -311,9 +333,11 @@ class Communicator:
             raise CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
         self.bytes_sent += value.nbytes
 
-    async def _get(self, bucket: str, peer: int, key: str, like):
+    async def _get(self, bucket: str, peer: int, key: str, like, into: bool = False):
         waiting = self.waiting_on.setdefault(bucket, set())
         waiting.add(peer)
+        if into:  # where the transport can, the message is read straight into ``like``
+            self.mailbox.expect(self.group, key, like)
         try:
             value = await self.mailbox.take(self.group, key, self.timeout)
             waiting.discard(peer)
@@ -332,9 +356,10 @@ class Communicator:
         self.bytes_received += value.nbytes
         return value
 
-    async def _exchange(self, bucket: str, sends: list, receives: list, sent: list) -> list:
+    async def _exchange(self, bucket: str, sends: list, receives: list, sent: list, into: bool = False) -> list:
         """Send ``(peer, key, array)``s while receiving ``(peer, key, like)``s (each must have ``like``'s
-        shape and dtype); the received arrays in order.
+        shape and dtype); the received arrays in order. With ``into``, each is received into its
+        ``like`` where the transport can (the result is then ``like`` itself), else a new array.
 
         Returns once everything is received, without waiting for the sends' replies: their tasks
         go to ``sent``, awaited when the bucket is done. (An array sent in one round is written
@@ -342,7 +367,7 @@ class Communicator:
         failure of any send or receive ends the exchange at once.
         """
         sent.extend(asyncio.ensure_future(self._put(p, k, v)) for p, k, v in sends)
-        receiving = [asyncio.ensure_future(self._get(bucket, p, k, like)) for p, k, like in receives]
+        receiving = [asyncio.ensure_future(self._get(bucket, p, k, like, into)) for p, k, like in receives]
         try:
             waiting = set(receiving)
             while waiting:
@@ -374,11 +399,10 @@ class Communicator:
             [(p, f"{bucket}|all|{p}", flat) for p in peers],
             sent,
         )
-        total = tree_sum(arrays[:r] + [flat] + arrays[r:])  # a new array: peers may still be reading ``flat``
+        await asyncio.gather(*sent)  # every peer has read ``flat``: the sum goes straight into it
+        tree_sum(arrays[:r] + [flat] + arrays[r:], flat)
         if scale is not None:
-            np.multiply(total, scale, out=total, casting="unsafe")
-        await asyncio.gather(*sent)
-        np.copyto(flat, total, casting="unsafe")
+            np.multiply(flat, scale, out=flat, casting="unsafe")
 
     async def _direct(self, bucket: str, flat, scale, sent: list) -> None:
         r, size = self.rank, self.size
@@ -399,9 +423,11 @@ class Communicator:
             [(p, f"{bucket}|ag|{r}", views[r]) for p in peers],
             [(p, f"{bucket}|ag|{p}", views[p]) for p in peers],
             sent,
+            into=True,
         )
         for p, value in zip(peers, sums):
-            np.copyto(views[p], value)
+            if value is not views[p]:
+                np.copyto(views[p], value)
 
     async def _ring(self, bucket: str, flat, scale, sent: list) -> None:
         r, size = self.rank, self.size
@@ -426,5 +452,7 @@ class Communicator:
                 [(right, f"{bucket}|ag{k}|{r}", views[send])],
                 [(left, f"{bucket}|ag{k}|{left}", views[recv])],
                 sent,
+                into=True,
             )
-            np.copyto(views[recv], value)
+            if value is not views[recv]:
+                np.copyto(views[recv], value)
