@@ -71,6 +71,18 @@ class ArrayStreams:
         comm = await asyncio.shield(opening)
         return None if comm is False else comm.stream
 
+    def open_to(self) -> list[str]:
+        """The peers this worker has a frame stream to now."""
+        return sorted(
+            a
+            for a, f in self._out.items()
+            if f.done()
+            and not f.cancelled()
+            and not f.exception()
+            and f.result() is not False
+            and not f.result().closed()
+        )
+
     async def _open(self, address: str):
         comm = await self._connect(address)
         if getattr(comm, "stream", None) is None:

@@ -12,7 +12,8 @@ so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``, a
   the owner sums the ``R`` pieces in a pairwise tree over the ranks,
   ``(g0 + g1) + (g2 + g3) ...``, then sends the sum back to everyone. Two message
   rounds whatever ``R``; the tree is the one a reduction task graph uses, so both give
-  the same bits.
+  the same bits. Chunks over ``SEGMENT`` bytes go in segments, pipelined: a segment is
+  summed and sent back while the next ones still arrive.
 - ``"ring"``: ``R - 1`` rounds of reduce-scatter and ``R - 1`` of all-gather around
   the ring, each rank talking to its two neighbours only; chunk ``c`` is summed as
   ``((g_c + g_c+1) + g_c+2) ...``. For large groups.
@@ -41,6 +42,7 @@ from workbench.errors import ClusterError, CollectiveError
 ALGORITHMS = ("auto", "direct", "ring", "gather")
 RING_FROM = 9  # "auto" uses the ring from this many ranks on (direct needs R - 1 connections per rank)
 GATHER_BELOW = 64 << 10  # "auto" sends small arrays whole between 2 ranks: one message round instead of two
+SEGMENT = 1 << 20  # "direct" pipelines chunks larger than this in segments of at most this many bytes
 
 
 #: Seconds a mailbox keeps messages for a group no communicator here joined (a peer may start first).
@@ -110,7 +112,8 @@ class Mailbox:
     async def take(self, group: str, key: str, timeout: float):
         full = f"{group}|{key}"
         try:
-            return await asyncio.wait_for(asyncio.shield(self._slot(full)), timeout)
+            async with asyncio.timeout(timeout):  # on a timeout the slot is cancelled, then dropped below
+                return await self._slot(full)
         finally:
             self._into.pop(full, None)
             slot = self._slots.get(full)
@@ -324,7 +327,8 @@ class Communicator:
 
     async def _put(self, peer: int, key: str, value) -> None:
         try:
-            await asyncio.wait_for(self._send(peer, key, value), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await self._send(peer, key, value)
         except TimeoutError:
             raise CollectiveError(
                 f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s"
@@ -393,25 +397,54 @@ class Communicator:
     async def _gather(self, bucket: str, flat, scale, sent: list) -> None:
         r = self.rank
         peers = [p for p in range(self.size) if p != r]
-        arrays = await self._exchange(
-            bucket,
-            [(p, f"{bucket}|all|{r}", flat) for p in peers],
-            [(p, f"{bucket}|all|{p}", flat) for p in peers],
-            sent,
-        )
-        await asyncio.gather(*sent)  # every peer has read ``flat``: the sum goes straight into it
+        sends = [(p, f"{bucket}|all|{r}", flat) for p in peers]
+        receives = [(p, f"{bucket}|all|{p}", flat) for p in peers]
+        if flat.nbytes <= GATHER_BELOW:
+            # the fast path, without a task per message: a small send is in the socket's hands at once
+            # (a peer reads whatever arrives, whether its rank waits for it yet or not)
+            for peer, key, value in sends:
+                await self._put(peer, key, value)
+            arrays = [await self._get(bucket, peer, key, like) for peer, key, like in receives]
+        else:
+            arrays = await self._exchange(bucket, sends, receives, sent)
+            await asyncio.gather(*sent)  # every peer has read ``flat``: the sum goes straight into it
         tree_sum(arrays[:r] + [flat] + arrays[r:], flat)
         if scale is not None:
             np.multiply(flat, scale, out=flat, casting="unsafe")
 
     async def _direct(self, bucket: str, flat, scale, sent: list) -> None:
-        r, size = self.rank, self.size
-        views = [flat[a:b] for a, b in chunk_bounds(len(flat), size)]
-        peers = [p for p in range(size) if p != r]
+        views = [flat[a:b] for a, b in chunk_bounds(len(flat), self.size)]
+        segments = -(-views[0].nbytes // SEGMENT)
+        if segments <= 1:
+            return await self._direct_segment(bucket, bucket, views, scale, sent)
+        # a pipeline: segment s is summed and sent back while the later ones still arrive. Each
+        # element is summed as before (over the ranks, in the same tree), so the bits are the same
+        cuts = [chunk_bounds(len(v), segments) for v in views]
+        parts = [
+            asyncio.ensure_future(
+                self._direct_segment(
+                    bucket, f"{bucket}#{s}", [v[c[s][0] : c[s][1]] for v, c in zip(views, cuts)], scale, sent
+                )
+            )
+            for s in range(segments)
+        ]
+        try:
+            done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()
+        finally:
+            for task in parts:
+                task.cancel()
+
+    async def _direct_segment(self, bucket: str, name: str, views: list, scale, sent: list) -> None:
+        """The direct algorithm on ``views`` (one per rank, rank ``p`` owning ``views[p]``), messages named ``name``."""
+        r = self.rank
+        peers = [p for p in range(self.size) if p != r]
         pieces = await self._exchange(
             bucket,
-            [(p, f"{bucket}|rs|{r}", views[p]) for p in peers],
-            [(p, f"{bucket}|rs|{p}", views[r]) for p in peers],
+            [(p, f"{name}|rs|{r}", views[p]) for p in peers],
+            [(p, f"{name}|rs|{p}", views[r]) for p in peers],
             sent,
         )
         parts = pieces[:r] + [views[r]] + pieces[r:]
@@ -420,8 +453,8 @@ class Communicator:
             np.multiply(views[r], scale, out=views[r], casting="unsafe")
         sums = await self._exchange(
             bucket,
-            [(p, f"{bucket}|ag|{r}", views[r]) for p in peers],
-            [(p, f"{bucket}|ag|{p}", views[p]) for p in peers],
+            [(p, f"{name}|ag|{r}", views[r]) for p in peers],
+            [(p, f"{name}|ag|{p}", views[p]) for p in peers],
             sent,
             into=True,
         )
