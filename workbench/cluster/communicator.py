@@ -84,7 +84,9 @@ class Mailbox:
 
     def expect(self, group: str, key: str, into) -> None:
         """Ask that ``key`` of ``group``, if it has not arrived yet, be written into ``into``
-        (a transport that can read into a buffer asks :meth:`destination`)."""
+        (a transport that can read into a buffer asks :meth:`destination`). Only for an array that
+        nothing reads until the message is taken: one already being read in when a wait fails may
+        still land in it."""
         full = f"{group}|{key}"
         if group not in self._closed and full not in self._slots:
             self._into[full] = into
