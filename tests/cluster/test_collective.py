@@ -106,5 +106,6 @@ def test_large_buckets_travel_as_frames_in_segments_with_the_same_bits(client3):
     assert results[1][0][0].tobytes() == first.tobytes()
     assert results[0][2] == n * 8  # 2 (R - 1) / R of the array received: no segment twice
     opened = client3.run(streams_open, workers=workers[:2])
-    assert opened == {workers[0]: [workers[1]], workers[1]: [workers[0]]}  # one frame stream per peer
+    # a frame stream each way (kept per peer, whatever the group: earlier tests' peers may have one too)
+    assert workers[1] in opened[workers[0]] and workers[0] in opened[workers[1]]
     group.release(client3)
