@@ -2,21 +2,23 @@
 
 ``R + b`` members each train on a shard of their own (a step draws ``batch_size + b * (batch_size //
 R)`` rows, as the parameter-server path does); the first ``R`` gradients to arrive are applied, as
-their mean over the rows used, by every member (:mod:`workbench.cluster.backups` decides on rank 0's
-event loop). The driver reports a step once the members whose gradients were used have finished it:
+their mean over the rows used, by every member (:mod:`workbench.cluster.backups`: rank 0's event loop
+says who is in, those ``R`` reduce among themselves). The driver reports a step once the members whose gradients were used have finished it:
 a late member's task goes on by itself (it catches up by applying the update it was left out of),
 and the step's record waits for its arrival time only, never the training. Each record holds
 ``"dropped"`` (the replica ids not used), ``"delays"`` and ``"arrivals"`` (a dropped replica's
 arrival is no earlier than the moment the step went on without it; None where its worker was lost).
 
 A member that leaves the cluster costs nothing while ``R`` others remain and it is not rank 0 (the
-one that decides): its gradients are simply never among the first ``R``. Otherwise the run restarts
+one that decides): the driver tells the others (a step it was used in and not committed yet is
+decided again without it), and its gradients are never among the first ``R`` again. Otherwise the run restarts
 from its last host copy, as without backups.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections import deque
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterator
 from workbench.cluster.allreduce import AllReduceEngine, _outcome_fetches, step_delays
 from workbench.cluster.health import scheduler_workers
 from workbench.cluster.lower import allreduce_key, key_label, shards
+from workbench.cluster.replica import peers_gone
 from workbench.errors import ClusterError, CollectiveError, WorkbenchError
 from workbench.events import Synced
 from workbench.fitloop import StepOutcome
@@ -59,9 +62,23 @@ class BackupAllReduceEngine(AllReduceEngine):
     def _check_members(self, step: int) -> None:
         """A member that left costs nothing while ``R`` remain and rank 0 (which decides) is there."""
         gone = set(self.group.addresses) - set(scheduler_workers(self.client, self.deadline.seconds))
-        self.lost = gone
+        fresh, self.lost = gone - self.lost, gone
+        if fresh:
+            self._tell_gone(fresh)
         if self.group.addresses[0] in gone or self.group.size - len(gone) < self.needed:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
+
+    def _tell_gone(self, gone: set) -> None:
+        """The members still there hear who left: a step that used a departed member's gradient and is
+        not committed yet is decided again without it (see :mod:`workbench.cluster.backups`)."""
+        addresses = self.group.addresses
+        ranks = sorted(addresses.index(a) for a in gone)
+        members = [a for a in addresses if a not in gone and a not in self.left_out]
+        if members:  # bounded: a member that stopped answering must not hold the driver
+            with contextlib.suppress(TimeoutError, OSError):
+                self.client.run(
+                    peers_gone, self.group.token, ranks, workers=members, on_error="return", callback_timeout=5
+                )
 
     # -- a step -----------------------------------------------------------------------------------
     def _calls(self, step: int, sync: bool) -> list:
@@ -214,6 +231,7 @@ class BackupAllReduceEngine(AllReduceEngine):
         return StepOutcome(step, fetches, metrics, seconds=seconds)
 
     _last_decided: float | None = None
+    lost: frozenset = frozenset()  # members that left the cluster during this run
 
     def _rescale(self, applied: list) -> float:
         """Mean fetches came weighted by shard rows / batch_size: to the mean over the rows used."""
