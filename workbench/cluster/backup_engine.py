@@ -218,7 +218,7 @@ class BackupAllReduceEngine(AllReduceEngine):
             "update_seconds": max(r["update_seconds"] for r in applied),
             "workers": compute,
             "bytes_moved": sum(r["bytes_received"] for r in results if r is not None),
-            "bytes_received": max(r["bytes_received"] for r in applied),
+            "bytes_received": max(r["bytes_received"] for r in results if r is not None),  # the busiest member
             "bytes_sent": max(r["bytes_sent"] for r in applied),
             "dropped": [rank for rank in range(len(results)) if rank not in used],
             "restarts": self.restarts,
