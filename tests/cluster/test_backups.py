@@ -81,6 +81,36 @@ def test_no_member_receives_much_more_than_the_model_a_step(client3, kit):
         assert r["bytes_moved"] <= 3 * 1.25 * gradient
 
 
+def test_backup_statistics_are_those_of_the_rows_used(client3, kit):
+    model, data = kit.mlp(), kit.blobs(n=240)
+    late = wb.stragglers.Fixed(replica=2, delay=0.3)  # always the one dropped
+    sess = wb.Session(model["graph"], seed=0, cluster=client3)
+    history = sess.fit(
+        model["train"], data, batch_size=24, steps=4, replicas=2, backup_replicas=1, stragglers=late, stats=2,
+        fetches={"loss": model["loss"]},
+    )  # fmt: skip
+    local = wb.Session(model["graph"], cluster=False).fit(model["train"], data, batch_size=24, steps=2, stats=2)
+    assert sorted(history.stats) == [2, 4] and set(history.stats[2]) == set(local.stats[2])
+    for step in (2, 4):
+        record, stats = history.records[step - 1], history.stats[step]
+        assert record["dropped"] == [2]
+        # the loss and the per-row losses' mean over the rows applied, not the dropped replica's
+        assert stats["mean/mean"] == pytest.approx(record["loss"], rel=1e-9)
+        assert stats["softmax_cross_entropy/mean"] == pytest.approx(record["loss"], rel=1e-9)
+        assert all(np.isfinite(v) for v in stats.values())
+
+
+def test_statistics_the_all_reduce_strategy_cannot_train_say_why_and_suggest_no_other(client3, kit):
+    model, data = kit.mlp(), kit.blobs(n=240)
+    sess = wb.Session(model["graph"], seed=0, cluster=client3)
+    why = r"it runs one replica per worker, and replicas=2 \+ backup_replicas=2 exceeds the 3 workers"
+    options = dict(batch_size=24, steps=2, replicas=2, backup_replicas=2, stats=1)
+    with pytest.raises(wb.ClusterError, match=f"strategy='allreduce' cannot train this fit: {why}; leave stats out$"):
+        sess.fit(model["train"], data, strategy="allreduce", **options)
+    with pytest.raises(wb.ClusterError, match=f"all-reduce strategy, and it cannot train this fit: {why}; leave stats"):
+        sess.fit(model["train"], data, **options)
+
+
 def test_the_same_seed_injects_the_same_delays(client3, kit):
     late = wb.stragglers.Bernoulli(p=0.5, delay=0.05, seed=3)
     first, _ = fit(client3, kit, steps=8, replicas=2, backup_replicas=1, stragglers=late)

@@ -28,6 +28,7 @@ from workbench.cluster.allreduce import AllReduceEngine, _outcome_fetches, step_
 from workbench.cluster.health import scheduler_workers
 from workbench.cluster.lower import allreduce_key, key_label, shards
 from workbench.cluster.replica import peers_gone
+from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, WorkbenchError
 from workbench.events import Synced
 from workbench.fitloop import StepOutcome
@@ -228,7 +229,22 @@ class BackupAllReduceEngine(AllReduceEngine):
         }
         seconds = decided["decided_wall"] - self._last_decided if step > 1 and self._last_decided else None
         self._last_decided = decided["decided_wall"]
-        return StepOutcome(step, fetches, metrics, seconds=seconds)
+        return StepOutcome(step, fetches, metrics, seconds=seconds, stats=self._used_stats(results, used))
+
+    def _used_stats(self, results: list, used: list) -> dict:
+        """fit(stats=k): the statistics of the rows the step applied, joined from the used members'
+        (:mod:`workbench.cluster.stat_combine`, shares over the rows used); none where a used member's
+        result was lost with its worker."""
+        reported = [results[r] for r in used if results[r] is not None and "stats" in results[r]]
+        if not reported or len(reported) < len(used):
+            return {}
+        if self._stat_rules is None:
+            self._stat_rules = stat_rules(self.program)
+        total = sum(r["stats_share"] for r in reported)
+        joined = combine_stats(
+            self._stat_rules, [r["stats"] for r in reported], [r["stats_share"] / total for r in reported]
+        )
+        return dict(zip(self.stats_labels, joined, strict=True))
 
     _last_decided: float | None = None
     lost: frozenset = frozenset()  # members that left the cluster during this run
