@@ -136,7 +136,7 @@ def test_no_rank_receives_more_than_about_the_model_once(loop):
         b.close()
 
 
-def test_a_used_rank_that_leaves_before_the_commit_makes_the_step_decided_again(loop):
+def test_a_used_rank_that_leaves_before_any_rank_applied_the_step_makes_it_decided_again(loop):
     net, backups = ranks(loop, 3, 2, "leaves")
     grads, rows = gradients(3, seed=2), [6, 6, 6]
     dying = backups[1]
@@ -144,7 +144,7 @@ def test_a_used_rank_that_leaves_before_the_commit_makes_the_step_decided_again(
 
     async def dies_after_its_header(*args):  # ready and chosen, then gone before sending its pieces
         net.dead.add(1)
-        raise OSError("killed")
+        raise CollectiveError("killed")
 
     dying._reduce = dies_after_its_header
 
@@ -173,7 +173,7 @@ def test_too_few_ranks_left_fail_the_step_with_a_message(loop):
 
     async def dies_after_its_header(*args):
         net.dead.add(1)
-        raise OSError("killed")
+        raise CollectiveError("killed")
 
     dying._reduce = dies_after_its_header
 
@@ -198,29 +198,45 @@ def test_too_few_ranks_left_fail_the_step_with_a_message(loop):
     for t in threads:
         t.join(30)
     assert isinstance(out[0], CollectiveError) and isinstance(out[2], CollectiveError)
-    assert "fewer than 2 ranks with a gradient are left" in str(out[0])
+    assert "ranks [1] left the cluster, and fewer than 2 ranks with a gradient are left" in str(out[0])
     for b in backups:
         b.close()
 
 
-def test_an_owner_that_leaves_after_the_commit_has_its_chunks_handed_on(loop):
+def test_an_owner_that_leaves_once_a_rank_applied_the_step_has_its_chunks_handed_on(loop):
     net, backups = ranks(loop, 3, 2, "relay")
     grads, rows = gradients(3, seed=4), [6, 6, 6]
     # rank 1 owns chunk 1 of step 1 and dies having sent it to rank 0 only (rank 2, late, never has it)
     net.lost = lambda rank, peer, key: rank == 1 and peer == 2 and "|s0." in key
 
-    def kill_after_the_commit():
+    def kill_once_applied():
         time.sleep(0.15)
         net.dead.add(1)
         for r in (0, 2):
             backups[r].peer_gone([1])
 
-    threading.Thread(target=kill_after_the_commit).start()
+    threading.Thread(target=kill_once_applied).start()
     out = hand_in(backups, grads, rows, late=(2,), late_by=0.3)
     assert out[0][0] == out[1][0] == out[2][0] == [0, 1]
     sums = expected(grads, rows, [0, 1])
     for r in range(3):
         for flat, s in zip(out[r][1], sums):
             assert flat.tobytes() == s.tobytes()
+    for b in backups:
+        b.close()
+
+
+def test_step_after_step_each_applies_the_mean_of_its_first_r(loop):
+    net, backups = ranks(loop, 4, 2, "steps")
+    rows = [3, 3, 3, 3]
+    for step, late in ((1, (0, 1)), (2, (2, 3)), (3, (0, 3))):
+        grads = gradients(4, seed=10 + step)
+        out = hand_in(backups, grads, rows, late=late, late_by=0.2, step=step)
+        used = sorted(set(range(4)) - set(late))
+        sums = expected(grads, rows, used)
+        for r in range(4):
+            assert out[r][0] == used
+            for flat, s in zip(out[r][1], sums):
+                assert flat.tobytes() == s.tobytes()
     for b in backups:
         b.close()

@@ -19,22 +19,24 @@ group's mailbox:
    pairwise order of the ranks (:func:`~workbench.cluster.communicator.tree_sum`: elementwise the
    very sum of whole gradients in that order, so the same bits), scales it by ``1 / rows used`` (the
    mean over the rows used) and sends the summed chunk to every other rank, the dropped ones too;
-3. **commit**: a used rank holding all ``R`` summed chunks tells the arbiter so; once every used
-   rank has, the arbiter sends the verdict *commit*, and every rank applies the same update (a
-   dropped replica catches up on the variables by applying the step it was left out of, so all
-   replicas keep the same bits).
+3. every rank holding all ``R`` summed chunks applies them: the same update everywhere (a dropped
+   replica catches up on the variables by applying the step it was left out of, so all replicas
+   keep the same bits).
 
 A late rank only ever receives: the used ranks wait for each other (all ready by construction) and
 the arbiter, never for it. Bytes a step: a used rank receives ``2 (R - 1) / R`` of the model, a
 dropped one the model once, the arbiter's worker a few numbers per rank besides (where gathering
-every gradient at rank 0 cost it ``R + b - 1`` models).
+every gradient at rank 0 cost it ``R + b - 1`` models). Four message hops a step: header,
+decision, pieces, sums.
 
-A used rank that leaves the cluster in the middle of a step (the driver tells the others,
-:meth:`BackupRank.peer_gone`) costs no progress: before the commit, the arbiter sends *abort* and
-decides the step again (the next attempt) among the ranks still there that have a gradient (each
-keeps its own until the verdict); after it, the used ranks still there hand the summed chunks the
-departed rank owned to the dropped ones, which may not have had them all. No rank applies a step
-before its commit, so all apply the same attempt.
+**A used rank that leaves the cluster** in the middle of a step costs no progress. The driver tells
+the ranks still there (:meth:`BackupRank.peer_gone`); from then on none of them applies a step that
+used the departed rank without the arbiter's verdict, and each tells the arbiter the last step it
+applied. For each step that used it, the arbiter sends the verdict: *commit* where some rank still
+there applied it (that rank hands the departed rank's summed chunks on to the others, which may not
+have had them all), else *abort*, and the step is decided again (the next attempt) among the ranks
+still there that have a gradient (each keeps its own until it applies the step). All ranks apply
+the same attempt of every step.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,8 +55,13 @@ from workbench.errors import CollectiveError
 #: The arbiter stops once no replica handed a step in for this many group timeouts (the fit ended).
 IDLE_TIMEOUTS = 1
 
-#: Committed steps whose summed chunks a used rank keeps, for the dropped ranks of a rank that left.
-KEEP_STEPS = 4
+#: Steps applied whose summed chunks a rank keeps, to hand on those of a rank that left (a rank
+#: misses a chunk only where its owner died while sending it: one of the last steps).
+KEEP_STEPS = 2
+
+#: Steps decided that the arbiter remembers (for the verdicts after a rank left): a late rank may lag
+#: the others by the backup engine's report lag at most.
+DECISIONS_KEPT = 128
 
 COMMIT, ABORT, FAILED = 1.0, 0.0, -1.0
 
@@ -104,7 +112,9 @@ class BackupRank:
         self.bytes_received = 0
         self.gone: set[int] = set()  # ranks that left the cluster (peer_gone)
         self._gone_waiters: list = []
-        self._kept: deque = deque(maxlen=KEEP_STEPS)  # (step, attempt, used, chunks): committed, used here
+        self._kept: deque = deque(maxlen=KEEP_STEPS)  # (step, attempt, used, chunks) applied here
+        self._done = step  # the last step applied here
+        self._decisions: dict[int, Decided] = {}  # the arbiter's
         self.arbiter = None
         if comm.rank == 0:
             self.arbiter = asyncio.run_coroutine_threadsafe(self._arbitrate(step + 1), comm.loop)
@@ -121,7 +131,7 @@ class BackupRank:
 
     def exchange(self, step: int, flats: list, start: float, ready: float, rows: int, out: bool = False) -> list[int]:
         """Hand step ``step``'s gradient (the buckets ``flats``) in (``out``: only say this rank has
-        none), wait for the committed decision and write the applied sums into ``flats``; the ranks used."""
+        none), wait for the decision and the sums, and write them into ``flats``; the ranks used."""
         future = asyncio.run_coroutine_threadsafe(self._hand_in(step, flats, start, ready, rows, out), self.comm.loop)
         try:  # a decision, a redo after a used rank left, and the verdicts: each bounded by the timeout
             message, chunks = future.result(4 * self.timeout + 5.0)
@@ -138,8 +148,8 @@ class BackupRank:
         return _used(message)
 
     def peer_gone(self, ranks) -> None:
-        """Ranks ``ranks`` left the cluster (from any thread): a step that used them is decided again
-        if not committed yet, and their summed chunks of committed steps go to the dropped ranks."""
+        """Ranks ``ranks`` left the cluster (from any thread): the steps that used them wait for the
+        arbiter's verdicts (see the module's docstring)."""
         self.comm.loop.call_soon_threadsafe(self._mark_gone, {int(r) for r in ranks})
 
     def close(self) -> None:
@@ -188,20 +198,35 @@ class BackupRank:
         return True
 
     def _mark_gone(self, ranks: set) -> None:
+        """Ranks ``ranks`` left: wake the waits, tell the arbiter the last step applied here (from now on
+        a step that used them waits for its verdict), and stand by to hand their chunks on."""
         fresh = ranks - self.gone
-        self.gone |= ranks
+        if not fresh:
+            return
+        self.gone |= fresh
         waiters, self._gone_waiters = self._gone_waiters, []
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
-        for step, attempt, used, chunks in self._kept:  # the chunks the departed owned, to the dropped ranks
-            for j, owner in enumerate(used):
-                if owner not in fresh:
-                    continue
-                for peer in range(self.comm.size):
-                    if peer not in used and peer != self.comm.rank:
-                        for b, pieces in enumerate(chunks):
-                            self._post(peer, self._key(step, f"s{attempt}.{b}.{j}"), pieces[j])
+        oldest = self._kept[0][0] if self._kept else self._done + 1
+        for d in sorted(fresh):
+            self._post(0, self._key(0, f"gone{d}.report", self.comm.rank), np.asarray([self._done, oldest], float))
+            asyncio.ensure_future(self._hand_on(d)).add_done_callback(_discard)
+        if self.arbiter is not None:
+            asyncio.ensure_future(self._recover(fresh)).add_done_callback(_discard)
+
+    async def _hand_on(self, departed: int) -> None:
+        """The arbiter names the steps (and attempts) this rank hands the departed rank's chunks on for."""
+        asked = await self._take(self._key(0, f"gone{departed}.relay"), 0, 2 * self.timeout)
+        wanted = {(int(k), int(a)) for k, a in np.asarray(asked).reshape(-1, 2)}
+        for step, attempt, used, chunks in self._kept:
+            if (step, attempt) not in wanted or departed not in used:
+                continue
+            j = used.index(departed)
+            for peer in range(self.comm.size):
+                if peer != self.comm.rank:
+                    for b, pieces in enumerate(chunks):
+                        self._post(peer, self._key(step, f"s{attempt}.{b}.{j}"), pieces[j])
 
     def _forget(self, waiter) -> None:
         waiter.cancel()
@@ -219,85 +244,89 @@ class BackupRank:
         await self._send(0, self._key(step, "header", rank), header(start, ready, rows, out))
         attempt = 0
         while True:
-            try:
-                message = await self._take(self._key(step, f"decision{attempt}"), 0)
-            except TimeoutError:
-                raise CollectiveError(
-                    f"backup step {step} on {self.comm.describe(rank)}: no decision from {self.comm.describe(0)} "
-                    f"for {self.timeout:g} s (did it die or hang?)"
-                ) from None
+            message = await self._awaited(step, self._key(step, f"decision{attempt}"), "no decision")
             used = _used(message)
-            reducing = None
             if rank in used:
-                reducing = asyncio.ensure_future(self._reduce(step, attempt, used, flats, float(message[1])))
-                reducing.add_done_callback(_discard)  # it fails where a used rank left: the verdict says so
-            try:
-                verdict = await self._take(self._key(step, f"verdict{attempt}"), 0, 2 * self.timeout)
-            except TimeoutError:
-                raise CollectiveError(
-                    f"backup step {step} on {self.comm.describe(rank)}: no verdict from {self.comm.describe(0)} "
-                    f"for {2 * self.timeout:g} s (did it die or hang?)"
-                ) from None
-            finally:
-                if reducing is not None and not reducing.done():
-                    reducing.cancel()
-            if verdict[0] == COMMIT:
-                if reducing is not None:
-                    chunks = reducing.result()  # done: the arbiter commits once every used rank has all
-                    self._kept.append((step, attempt, used, chunks))
-                else:
-                    chunks = await self._collect(step, attempt, used)
+                work = asyncio.ensure_future(self._reduce(step, attempt, used, flats, float(message[1])))
+            else:
+                work = asyncio.ensure_future(self._collect(step, attempt, used))
+            work.add_done_callback(_discard)  # it fails where a used rank left: the verdict says so
+            verdict = await self._finish(step, attempt, used, work)
+            if verdict == COMMIT:
+                chunks = await work  # the departed rank's chunks handed on, where it had not sent them
+                self._applied(step, attempt, used, chunks)
                 return message, chunks
-            if verdict[0] == FAILED:
+            work.cancel()
+            if verdict == FAILED:
                 raise CollectiveError(
-                    f"backup step {step}: fewer than {self.needed} ranks with a gradient are left "
-                    f"(ranks {sorted(self.gone)} left the cluster)"
+                    f"backup step {step}: ranks {sorted(self.gone)} left the cluster, and fewer than {self.needed} "
+                    "ranks with a gradient are left (or one of them did not say whether it applied the step)"
                 )
-            attempt += 1  # a used rank left before the commit: decided again
+            attempt += 1  # a used rank left before any rank still there applied the step
+
+    async def _finish(self, step: int, attempt: int, used: list[int], work) -> float:
+        """COMMIT once ``work`` has every summed chunk and no used rank is known to have left; else the
+        arbiter's verdict (after a used rank left, see the module's docstring)."""
+        while not self.gone & set(used):
+            changed = self._gone_changed()
+            try:
+                await asyncio.wait({work, changed}, return_when=asyncio.FIRST_COMPLETED)
+                if work.done() and work.exception() is not None and not self.gone & set(used):
+                    # a send to a rank that just died fails at once: the driver says who left soon
+                    await asyncio.wait({changed}, timeout=self.timeout)
+            finally:
+                self._forget(changed)
+            if work.done() and not self.gone & set(used):
+                work.result()  # its error, if nobody left after all
+                return COMMIT  # and applied now: no await between this look at ``gone`` and _applied
+        verdict = await self._awaited(step, self._key(step, f"verdict{attempt}"), "no verdict", 2 * self.timeout)
+        return float(verdict[0])
+
+    def _applied(self, step: int, attempt: int, used: list[int], chunks: list) -> None:
+        self._done = step
+        self._kept.append((step, attempt, used, chunks))
+
+    async def _awaited(self, step: int, key: str, what: str, timeout: float | None = None):
+        try:
+            return await self._take(key, 0, timeout)
+        except TimeoutError:
+            raise CollectiveError(
+                f"backup step {step} on {self.comm.describe(self.comm.rank)}: {what} from "
+                f"{self.comm.describe(0)} for {timeout or self.timeout:g} s (did it die or hang?)"
+            ) from None
 
     async def _reduce(self, step: int, attempt: int, used: list[int], flats: list, rows: float) -> list:
-        """This used rank's part of the reduce-scatter and all-gather; every bucket's summed chunks,
-        then the ack to the arbiter."""
+        """This used rank's part of the reduce-scatter and all-gather: every bucket's summed chunks."""
         rank, size = self.comm.rank, len(used)
         mine = used.index(rank)
         views = [[flat[a:e] for a, e in chunk_bounds(len(flat), size)] for flat in flats]
-        sends = [
-            asyncio.ensure_future(self._send(owner, self._key(step, f"p{attempt}.{b}.{j}", rank), views[b][j]))
-            for b in range(len(flats))
-            for j, owner in enumerate(used)
-            if owner != rank
-        ]
-        try:
-            chunks: list = [[None] * size for _ in flats]
-            for b in range(len(flats)):
-                pieces = [
-                    views[b][mine]
-                    if r == rank
-                    else await self._piece(step, self._key(step, f"p{attempt}.{b}.{mine}", r), r)
-                    for r in used
-                ]
-                total = tree_sum(pieces) if size > 1 else np.array(pieces[0], copy=True)  # a new array
-                if self.mean:
-                    np.multiply(total, 1.0 / rows, out=total, casting="unsafe")
-                chunks[b][mine] = total
-                for peer in range(self.comm.size):
-                    if peer != rank:
-                        self._post(peer, self._key(step, f"s{attempt}.{b}.{mine}"), total)
-            await asyncio.gather(*sends)
-            for b in range(len(flats)):
-                for j, owner in enumerate(used):
-                    if owner != rank:
-                        chunks[b][j] = await self._piece(step, self._key(step, f"s{attempt}.{b}.{j}"), owner)
-        finally:
-            for task in sends:
-                if not task.done():
-                    task.cancel()
-                task.add_done_callback(_discard)
-        await self._send(0, self._key(step, f"ack{attempt}", rank), np.ones(1))
+        for b in range(len(flats)):  # read by the owners before they send the sums this rank waits for
+            for j, owner in enumerate(used):
+                if owner != rank:
+                    self._post(owner, self._key(step, f"p{attempt}.{b}.{j}", rank), views[b][j])
+        chunks: list = [[None] * size for _ in flats]
+        for b in range(len(flats)):
+            pieces = [
+                views[b][mine]
+                if r == rank
+                else await self._piece(step, self._key(step, f"p{attempt}.{b}.{mine}", r), r)
+                for r in used
+            ]
+            total = tree_sum(pieces) if size > 1 else np.array(pieces[0], copy=True)  # a new array
+            if self.mean:
+                np.multiply(total, 1.0 / rows, out=total, casting="unsafe")
+            chunks[b][mine] = total
+            for peer in range(self.comm.size):
+                if peer != rank:
+                    self._post(peer, self._key(step, f"s{attempt}.{b}.{mine}"), total)
+        for b in range(len(flats)):
+            for j, owner in enumerate(used):
+                if owner != rank:
+                    chunks[b][j] = await self._piece(step, self._key(step, f"s{attempt}.{b}.{j}"), owner)
         return chunks
 
     async def _collect(self, step: int, attempt: int, used: list[int]) -> list:
-        """A dropped rank's copy of the committed sums: each chunk from its owner (or, where the owner
+        """A dropped rank's copy of the sums: each chunk from its owner (or, where the owner
         left, from a used rank still there)."""
         return [
             [await self._piece(step, self._key(step, f"s{attempt}.{b}.{j}"), owner) for j, owner in enumerate(used)]
@@ -325,8 +354,10 @@ class BackupRank:
         return rank, await self._take(self._key(step, "header", rank), rank, self.timeout * IDLE_TIMEOUTS)
 
     async def _decide(self, step: int) -> None:
-        """The first ``R`` ranks with a gradient; then the step's commit goes on while the next is decided."""
+        """The first ``R`` ranks with a gradient; the late ones' headers are kept (for a decision again)."""
         pending = {asyncio.ensure_future(self._header(step, r)) for r in range(self.comm.size)}
+        for task in pending:
+            task.add_done_callback(_discard)
         arrived: dict[int, np.ndarray] = {}
         try:
             pending = await self._arrivals(pending, arrived)
@@ -336,14 +367,23 @@ class BackupRank:
             raise
         if len(arrived) < self.needed:
             raise CollectiveError(f"backup step {step}: only {len(arrived)} of {self.needed} gradients came")
-        asyncio.ensure_future(self._settle(step, arrived, pending)).add_done_callback(_discard)
+        self._decisions[step] = entry = Decided(0, first_arrivals(arrived, self.needed), arrived, pending)
+        for old in [k for k in self._decisions if k <= step - DECISIONS_KEPT]:
+            del self._decisions[old]
+        self._announce(step, entry)
+
+    def _announce(self, step: int, entry: Decided) -> None:
+        rows = sum(float(entry.arrived[r][2]) for r in entry.used)
+        message = decision(time.time(), rows, entry.attempt, entry.used, self.comm.size)
+        for peer in range(self.comm.size):
+            self._post(peer, self._key(step, f"decision{entry.attempt}"), message)
 
     async def _arrivals(self, pending: set, arrived: dict) -> set:
         """Take headers until ``R`` ranks still there have a gradient (or none is left to come); the rest."""
         while True:
             for task in [t for t in pending if t.done()]:
                 pending.discard(task)
-                if task.exception() is None:
+                if not task.cancelled() and task.exception() is None:
                     rank, head = task.result()
                     if not head[3]:
                         arrived[rank] = head
@@ -353,53 +393,54 @@ class BackupRank:
                 return pending
             await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
 
-    async def _settle(self, step: int, arrived: dict, pending: set) -> None:
-        """Decide ``step`` (again, while a used rank leaves before the commit) and send the verdicts."""
-        size, attempt = self.comm.size, 0
-        try:
-            while True:
-                used = first_arrivals(arrived, self.needed)
-                rows = sum(float(arrived[r][2]) for r in used)
-                message = decision(time.time(), rows, attempt, used, size)
-                for peer in range(size):
-                    self._post(peer, self._key(step, f"decision{attempt}"), message)
-                try:
-                    acknowledged = await self._acknowledged(step, attempt, used)
-                except TimeoutError:  # a used rank that neither acknowledges nor leaves: the step fails
-                    acknowledged, arrived = False, {}
-                if acknowledged:
-                    verdict = COMMIT
-                else:  # a used rank left before every used rank had the sums
-                    pending = await self._arrivals(pending, arrived) if arrived else pending
-                    verdict = ABORT if len(arrived) >= self.needed else FAILED
-                for peer in range(size):
-                    self._post(peer, self._key(step, f"verdict{attempt}"), np.asarray([verdict]))
-                if verdict != ABORT:
-                    return
-                attempt += 1
-        finally:
-            for task in pending:  # the late ones' headers: taken when they come, and dropped
-                task.add_done_callback(_discard)
+    async def _recover(self, departed: set) -> None:
+        """The verdicts on the steps that used the ranks ``departed`` (see the module's docstring)."""
+        for d in sorted(departed):
+            there = [r for r in range(self.comm.size) if r not in self.gone]
+            reports = {}
+            for r in there:  # each rank's last step applied, and the oldest whose sums it keeps
+                with contextlib.suppress(TimeoutError):
+                    reports[r] = await self._take(self._key(0, f"gone{d}.report", r), r)
+            relays: dict[int, list] = {r: [] for r in there}
+            for step, entry in sorted(self._decisions.items()):
+                if d not in entry.used:
+                    continue
+                behind = [r for r in there if r not in reports or reports[r][0] < step]
+                holders = [r for r in there if r in reports and reports[r][0] >= step]
+                if len(reports) < len(there):  # a rank that did not say whether it applied the step
+                    for r in behind:
+                        self._post(r, self._key(step, f"verdict{entry.attempt}"), np.asarray([FAILED]))
+                elif holders:
+                    keepers = [r for r in holders if reports[r][1] <= step]
+                    if keepers:
+                        relays[keepers[0]] += [step, entry.attempt]
+                    for r in behind:
+                        self._post(r, self._key(step, f"verdict{entry.attempt}"), np.asarray([COMMIT]))
+                elif behind:
+                    asyncio.ensure_future(self._again(step, entry, behind)).add_done_callback(_discard)
+            for r in there:
+                self._post(r, self._key(0, f"gone{d}.relay"), np.asarray(relays[r], dtype=np.float64))
 
-    async def _acknowledged(self, step: int, attempt: int, used: list[int]) -> bool:
-        """Whether every used rank acknowledged having the sums (False: one of them left first)."""
-        waiting = {asyncio.ensure_future(self._take(self._key(step, f"ack{attempt}", r), r)) for r in used}
-        try:
-            while waiting:
-                if self.gone & set(used):
-                    return False
-                changed = self._gone_changed()
-                try:
-                    done, waiting = await asyncio.wait(waiting | {changed}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    self._forget(changed)
-                waiting.discard(changed)
-                for task in done - {changed}:
-                    task.result()  # a TimeoutError: a used rank neither acknowledged nor left
-            return True
-        finally:
-            for task in waiting:
-                task.cancel()
+    async def _again(self, step: int, entry: Decided, behind: list[int]) -> None:
+        """No rank still there applied ``step``: abort this attempt and decide the next one."""
+        attempt = entry.attempt
+        entry.pending = await self._arrivals(entry.pending, entry.arrived)
+        enough = len(entry.arrived) >= self.needed
+        if enough:
+            entry.attempt, entry.used = attempt + 1, first_arrivals(entry.arrived, self.needed)
+            self._announce(step, entry)
+        for r in behind:
+            self._post(r, self._key(step, f"verdict{attempt}"), np.asarray([ABORT if enough else FAILED]))
+
+
+@dataclass
+class Decided:
+    """A step the arbiter decided: its attempt, the ranks used, the headers that came and those to come."""
+
+    attempt: int
+    used: list
+    arrived: dict
+    pending: set
 
 
 def _used(message) -> list[int]:
