@@ -36,7 +36,11 @@ applied. For each step that used it, the arbiter sends the verdict: *commit* whe
 there applied it (that rank hands the departed rank's summed chunks on to the others, which may not
 have had them all), else *abort*, and the step is decided again (the next attempt) among the ranks
 still there that have a gradient (each keeps its own until it applies the step). All ranks apply
-the same attempt of every step.
+the same attempt of every step. The price: each rank keeps the sums of its last
+:data:`KEEP_STEPS` steps (to hand them on). A rank that stops answering without leaving (a stopped
+process) after it was chosen holds the step until the driver's step deadline, which restarts the
+run without it; a rank that does not report, or too few ranks with a gradient, fail the step the
+same way.
 """
 
 from __future__ import annotations
