@@ -46,6 +46,7 @@ from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.membership import Membership
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.resident import digests_soon
 from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.cluster.uninterrupted import results_whole, scatter_whole
@@ -269,8 +270,9 @@ class AllReduceEngine(Coordinated):
         )
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
+        digests = self._digests()  # hashed while the variables go out
         program, state = self._scatter([self.program, variables])
-        data = self._place_data(members)
+        data = self._place_data(members, digests)
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = [
@@ -293,7 +295,14 @@ class AllReduceEngine(Coordinated):
             for i, w in enumerate(members)
         ]
 
-    def _place_data(self, members: list[str]) -> list[list]:
+    def _digests(self):
+        """The feeds' content digests on their way (:func:`~workbench.cluster.resident.digests_soon`), or None
+        without a :class:`~workbench.cluster.resident.ResidentData`."""
+        if self.resident is None:
+            return None
+        return digests_soon([self.data[n] for n in self.program.feeds])
+
+    def _place_data(self, members: list[str], digests=None) -> list[list]:
         """Each member's sources of the feeds (program feed order): the session's copies on the workers
         (:class:`~workbench.cluster.resident.ResidentData`: sent only where a member lacks them, or they
         changed), or without one, broadcast for this generation."""
@@ -301,7 +310,8 @@ class AllReduceEngine(Coordinated):
         if self.resident is None:
             data = self._scatter(arrays)
             return [data] * len(members)
-        return self.resident.place(self.client, arrays, members, self._scatter, timeout=self.deadline.seconds)
+        timeout = self.deadline.seconds
+        return self.resident.place(self.client, arrays, members, self._scatter, timeout=timeout, digests=digests)
 
     def _scatter(self, values: list, workers: list[str] | None = None) -> list:
         """``values`` on ``workers`` (default: every member of the new group, each a copy), bounded by the

@@ -20,6 +20,7 @@ by ``Session.close``) releases all of them; a new client starts afresh.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import threading
@@ -41,13 +42,22 @@ def content_digest(array: np.ndarray) -> str | None:
     return digest.hexdigest()
 
 
+_HASHING = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="workbench-digests")
+
+
+def digests_soon(arrays: list) -> concurrent.futures.Future:
+    """The :func:`content_digest` of each of ``arrays``, computed in a thread (hashlib lets go of the
+    GIL), so that what the caller sends meanwhile overlaps them."""
+    return _HASHING.submit(lambda: [content_digest(a) for a in arrays])
+
+
 class ResidentData:
     """The copies of a session's arrays on its workers: ``(digest, worker) -> Future``.
 
     ``place(client, arrays, members, scatter)`` returns each member's futures of ``arrays`` (member
     order, then array order), sending only what that member lacks (``scatter(values, [worker])``);
-    ``timeout`` bounds the question to the scheduler. ``sent`` counts the copies sent so far,
-    ``sent_bytes`` their bytes.
+    ``timeout`` bounds the question to the scheduler; ``digests``, the arrays' digests when already on
+    their way (:func:`digests_soon`). ``sent`` counts the copies sent so far, ``sent_bytes`` their bytes.
     """
 
     def __init__(self):
@@ -57,12 +67,14 @@ class ResidentData:
         self.sent_bytes = 0
         self._lock = threading.Lock()
 
-    def place(self, client, arrays: list, members: list[str], scatter: Callable, timeout: float = 30.0) -> list[list]:
+    def place(
+        self, client, arrays: list, members: list[str], scatter: Callable, timeout: float = 30.0, digests=None
+    ) -> list[list]:
+        digests = (digests or digests_soon(arrays)).result()
         with self._lock:
             if client is not self.client:  # another client: the copies the old one held are not ours to use
                 self._release(list(self.held))
                 self.client = client
-            digests = [content_digest(a) for a in arrays]
             wanted = {(d, w) for d in digests if d is not None for w in members}
             self._release([k for k in self.held if k not in wanted])  # replaced, or on a worker not used now
             self._release(self._lost(timeout))

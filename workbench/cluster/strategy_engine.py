@@ -152,8 +152,9 @@ class StrategyEngine(AllReduceEngine):
         self.group = CollectiveGroup.create(
             client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
         )
+        digests = self._digests()  # hashed while the program goes out
         (program,) = self._scatter([self.program])
-        data = self._place_data(members)
+        data = self._place_data(members, digests)
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = []
