@@ -217,8 +217,10 @@ class AllReduceEngine(Coordinated):
         """The engine of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest` and its
         :class:`~workbench.cluster.options.ClusterOptions`): the ``allreduce`` strategy's factory."""
         program = TrainingProgram.for_fit(request)
-        total = options.replicas_for(client) + (options.backup_replicas if options.replicas else 0)
-        stragglers = check_stragglers(request.stragglers, total)
+        stragglers = None
+        if request.stragglers is not None:  # the replicas they name checked (asks the scheduler for the workers)
+            total = options.replicas_for(client) + (options.backup_replicas if options.replicas else 0)
+            stragglers = check_stragglers(request.stragglers, total)
         engine = cls(
             client,
             program,
