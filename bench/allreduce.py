@@ -2,7 +2,8 @@
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/allreduce.py
 
-For each size (float32; 7.46 MB is the MLP of bench/cluster.py), the median time of one
+For each size (float32; 4 KB, 512 KB and 7.46 MB by default, ``--sizes`` picks among
+4 KB, 512 KB, 1 MB, 7.46 MB and 32 MB; 7.46 MB is the MLP of bench/cluster.py), the median time of one
 in-place all-reduce (sum) of a flat array: workbench's :mod:`workbench.cluster.collective`
 on an embedded Dask cluster of 2 worker processes, and ``torch.distributed.all_reduce``
 with the gloo backend in 2 processes (``pip install torch``; benchmark only). Rounds of
@@ -24,7 +25,8 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np  # noqa: E402
 
-SIZES = {"4 KB": 4_000, "1 MB": 1_000_000, "7.46 MB": 7_460_000, "32 MB": 32_000_000}
+SIZES = {"4 KB": 4_000, "512 KB": 512_000, "1 MB": 1_000_000, "7.46 MB": 7_460_000, "32 MB": 32_000_000}
+DEFAULT_SIZES = ("4 KB", "512 KB", "7.46 MB")
 
 
 def ours(group, nbytes: int, iters: int) -> list[float]:
@@ -105,7 +107,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--algorithm", default="auto")
+    parser.add_argument("--sizes", nargs="*", default=list(DEFAULT_SIZES), choices=list(SIZES))
     args = parser.parse_args()
+    sizes = {name: SIZES[name] for name in args.sizes}
 
     import workbench as wb
     from workbench.cluster.collective import CollectiveGroup
@@ -114,11 +118,13 @@ def main() -> None:
     client.wait_for_workers(2)
     group = CollectiveGroup.create(client, algorithm=args.algorithm)
     gloo = Gloo()
-    results: dict = {(name, who): [] for name in SIZES for who in ("workbench", "gloo")}
+    results: dict = {(name, who): [] for name in sizes for who in ("workbench", "gloo")}
     try:
         for _ in range(args.rounds):
-            for name, nbytes in SIZES.items():
-                futures = [client.submit(ours, group, nbytes, args.iters, workers=[a], pure=False) for a in group.addresses]
+            for name, nbytes in sizes.items():
+                futures = [
+                    client.submit(ours, group, nbytes, args.iters, workers=[a], pure=False) for a in group.addresses
+                ]
                 per_rank = client.gather(futures)
                 results[name, "workbench"] += [max(t) for t in zip(*per_rank)]
                 results[name, "gloo"] += gloo.run(nbytes, args.iters)
@@ -128,11 +134,13 @@ def main() -> None:
     print(f"all-reduce, float32, 2 processes; median of {args.rounds} x {args.iters} (ms; GB/s = size / time)")
     print("| size | workbench | gloo | workbench / gloo |")
     print("|---|---:|---:|---:|")
-    for name, nbytes in SIZES.items():
+    for name, nbytes in sizes.items():
         a = statistics.median(results[name, "workbench"])
         b = statistics.median(results[name, "gloo"])
-        print(f"| {name} | {a * 1e3:.2f} ms ({nbytes / a / 1e9:.2f} GB/s) | {b * 1e3:.2f} ms ({nbytes / b / 1e9:.2f} GB/s) "
-              f"| {a / b:.2f} |")
+        print(
+            f"| {name} | {a * 1e3:.2f} ms ({nbytes / a / 1e9:.2f} GB/s) | {b * 1e3:.2f} ms ({nbytes / b / 1e9:.2f} GB/s) "
+            f"| {a / b:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -88,3 +88,24 @@ def test_a_killed_peer_fails_the_others_in_bounded_time(client3):
     for message, seconds in client3.gather(futures):
         assert f"rank 2 ({workers[2]})" in message
         assert seconds < 10
+
+
+def streams_open(dask_worker=None):
+    from workbench.cluster.collective import NAME
+
+    return dask_worker.extensions[NAME].streams.open_to()
+
+
+def test_large_buckets_travel_as_frames_in_segments_with_the_same_bits(client3):
+    workers = sorted(client3.scheduler_info()["workers"])
+    group = CollectiveGroup.create(client3, workers[:2], timeout=30)
+    n = 600_001  # chunks of 2.4 MB: pipelined in segments
+    results = run_group(client3, group, n)
+    first = results[0][0][0]
+    np.testing.assert_allclose(first, part(0, n) + part(1, n), rtol=1e-12, atol=1e-8)
+    assert results[1][0][0].tobytes() == first.tobytes()
+    assert results[0][2] == n * 8  # 2 (R - 1) / R of the array received: no segment twice
+    opened = client3.run(streams_open, workers=workers[:2])
+    # a frame stream each way (kept per peer, whatever the group: earlier tests' peers may have one too)
+    assert workers[1] in opened[workers[0]] and workers[0] in opened[workers[1]]
+    group.release(client3)

@@ -172,3 +172,19 @@ def test_messages_for_a_group_never_joined_are_dropped_after_a_while(loop):
     assert len(box) == 1  # the stray is gone, the joined group's message waits to be taken
     taken = asyncio.run_coroutine_threadsafe(box.take("mine", "b0|all|0", 1.0), loop).result(5)
     assert np.array_equal(taken, np.ones(3))
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_direct_pipelines_large_chunks_in_segments_with_the_same_bits(loop, size, monkeypatch):
+    import workbench.cluster.communicator as communicator
+
+    monkeypatch.setattr(communicator, "SEGMENT", 64 << 10)  # 100 003 float64: chunks of 4-7 segments
+    rng = np.random.default_rng(size)
+    parts = [rng.standard_normal(100_003) * 10.0 ** rng.integers(-8, 8, 100_003) for _ in range(size)]
+    comms = group(loop, size, "direct", name=f"seg-{size}")
+    flats = [p.copy() for p in parts]
+    results = [h.wait(30) for h in [c.start("big", f, scale=0.5) for c, f in zip(comms, flats)]]
+    expected = reference(parts, "direct", size) * 0.5
+    for r in results:
+        assert r.tobytes() == expected.tobytes()
+    assert comms[0].bytes_sent == pytest.approx(2 * (size - 1) / size * parts[0].nbytes, rel=0.01)

@@ -112,10 +112,12 @@ def test_lineage_does_not_grow_with_steps(client, digits):
     g, train, loss = build()
     sess = wb.Session(g, seed=0, cluster=client)
     scheduler = client.cluster.scheduler  # a LocalCluster's scheduler lives in this process
-    counts = []
+    counts, before = [], set(scheduler.tasks)  # what earlier tests left is not this fit's lineage
 
     def count(record):
-        counts.append(sum(1 for key in scheduler.tasks if isinstance(key, tuple) and parse_key(key)))
+        counts.append(
+            sum(1 for key in scheduler.tasks if key not in before and isinstance(key, tuple) and parse_key(key))
+        )
 
     sess.fit(
         train, digits, batch_size=64, steps=120, replicas=2, fetches=[loss], window=4, sync_every=20, callback=count
@@ -124,5 +126,7 @@ def test_lineage_does_not_grow_with_steps(client, digits):
     # at step 120 as at step 20
     per_step = 2 * 2 + 1
     assert max(counts) <= per_step * (20 + 4 + 1)
-    assert max(counts[-20:]) <= max(counts[:40])
+    # (a step's tasks of slack: under load the scheduler forgets released tasks a moment later; a
+    # lineage that grew would hold about 100 steps more)
+    assert max(counts[-20:]) <= max(counts[:40]) + per_step
     assert min(counts[20:]) <= per_step * 4

@@ -2,21 +2,23 @@
 
 ``R + b`` members each train on a shard of their own (a step draws ``batch_size + b * (batch_size //
 R)`` rows, as the parameter-server path does); the first ``R`` gradients to arrive are applied, as
-their mean over the rows used, by every member (:mod:`workbench.cluster.backups` decides on rank 0's
-event loop). The driver reports a step once the members whose gradients were used have finished it:
+their mean over the rows used, by every member (:mod:`workbench.cluster.backups`: rank 0's event loop
+says who is in, those ``R`` reduce among themselves). The driver reports a step once the members whose gradients were used have finished it:
 a late member's task goes on by itself (it catches up by applying the update it was left out of),
 and the step's record waits for its arrival time only, never the training. Each record holds
 ``"dropped"`` (the replica ids not used), ``"delays"`` and ``"arrivals"`` (a dropped replica's
 arrival is no earlier than the moment the step went on without it; None where its worker was lost).
 
 A member that leaves the cluster costs nothing while ``R`` others remain and it is not rank 0 (the
-one that decides): its gradients are simply never among the first ``R``. Otherwise the run restarts
+one that decides): the driver tells the others (a step it was used in and not committed yet is
+decided again without it), and its gradients are never among the first ``R`` again. Otherwise the run restarts
 from its last host copy, as without backups.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections import deque
@@ -25,6 +27,8 @@ from collections.abc import Callable, Iterator
 from workbench.cluster.allreduce import AllReduceEngine, _outcome_fetches, step_delays
 from workbench.cluster.health import scheduler_workers
 from workbench.cluster.lower import allreduce_key, key_label, shards
+from workbench.cluster.replica import peers_gone
+from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, WorkbenchError
 from workbench.events import Synced
 from workbench.fitloop import StepOutcome
@@ -59,9 +63,23 @@ class BackupAllReduceEngine(AllReduceEngine):
     def _check_members(self, step: int) -> None:
         """A member that left costs nothing while ``R`` remain and rank 0 (which decides) is there."""
         gone = set(self.group.addresses) - set(scheduler_workers(self.client, self.deadline.seconds))
-        self.lost = gone
+        fresh, self.lost = gone - self.lost, gone
+        if fresh:
+            self._tell_gone(fresh)
         if self.group.addresses[0] in gone or self.group.size - len(gone) < self.needed:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
+
+    def _tell_gone(self, gone: set) -> None:
+        """The members still there hear who left: a step that used a departed member's gradient and is
+        not committed yet is decided again without it (see :mod:`workbench.cluster.backups`)."""
+        addresses = self.group.addresses
+        ranks = sorted(addresses.index(a) for a in gone)
+        members = [a for a in addresses if a not in gone and a not in self.left_out]
+        if members:  # bounded: a member that stopped answering must not hold the driver
+            with contextlib.suppress(TimeoutError, OSError):
+                self.client.run(
+                    peers_gone, self.group.token, ranks, workers=members, on_error="return", callback_timeout=5
+                )
 
     # -- a step -----------------------------------------------------------------------------------
     def _calls(self, step: int, sync: bool) -> list:
@@ -201,7 +219,7 @@ class BackupAllReduceEngine(AllReduceEngine):
             "update_seconds": max(r["update_seconds"] for r in applied),
             "workers": compute,
             "bytes_moved": sum(r["bytes_received"] for r in results if r is not None),
-            "bytes_received": max(r["bytes_received"] for r in applied),
+            "bytes_received": max(r["bytes_received"] for r in results if r is not None),  # the busiest member
             "bytes_sent": max(r["bytes_sent"] for r in applied),
             "dropped": [rank for rank in range(len(results)) if rank not in used],
             "restarts": self.restarts,
@@ -211,9 +229,25 @@ class BackupAllReduceEngine(AllReduceEngine):
         }
         seconds = decided["decided_wall"] - self._last_decided if step > 1 and self._last_decided else None
         self._last_decided = decided["decided_wall"]
-        return StepOutcome(step, fetches, metrics, seconds=seconds)
+        return StepOutcome(step, fetches, metrics, seconds=seconds, stats=self._used_stats(results, used))
+
+    def _used_stats(self, results: list, used: list) -> dict:
+        """fit(stats=k): the statistics of the rows the step applied, joined from the used members'
+        (:mod:`workbench.cluster.stat_combine`, shares over the rows used); none where a used member's
+        result was lost with its worker."""
+        reported = [results[r] for r in used if results[r] is not None and "stats" in results[r]]
+        if not reported or len(reported) < len(used):
+            return {}
+        if self._stat_rules is None:
+            self._stat_rules = stat_rules(self.program)
+        total = sum(r["stats_share"] for r in reported)
+        joined = combine_stats(
+            self._stat_rules, [r["stats"] for r in reported], [r["stats_share"] / total for r in reported]
+        )
+        return dict(zip(self.stats_labels, joined, strict=True))
 
     _last_decided: float | None = None
+    lost: frozenset = frozenset()  # members that left the cluster during this run
 
     def _rescale(self, applied: list) -> float:
         """Mean fetches came weighted by shard rows / batch_size: to the mean over the rows used."""

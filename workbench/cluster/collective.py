@@ -1,9 +1,11 @@
 """Worker-to-worker collectives over Dask's own comm, bootstrapped through Dask.
 
-The pattern of Dask's P2P shuffle: a worker plugin registers a handler on every
-worker (``workbench_collective``), and ranks send each other arrays with the
-worker's pooled ``rpc`` (so TLS, UCX and the worker's connection pool come for
-free). NumPy arrays travel as raw frames, never pickled.
+The pattern of Dask's P2P shuffle: a worker plugin registers handlers on every
+worker, and ranks send each other arrays over Dask's own comms (so TLS comes for
+free): one long-lived comm per peer, on which arrays travel as raw frames read
+straight into where they are used (:mod:`workbench.cluster.array_stream`); over a
+comm without a byte stream (UCX, in-process) as messages to ``workbench_collective``
+with the worker's pooled ``rpc``. NumPy arrays are never pickled.
 
 On the client, :meth:`CollectiveGroup.create` fixes the ranks (the workers of a
 run, in order) and a token unique to the run and its generation: two runs on one
@@ -30,9 +32,12 @@ import functools
 import uuid
 from dataclasses import dataclass
 
+from distributed.comm import connect
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
+from workbench.cluster import array_stream
+from workbench.cluster.array_stream import ArrayStreams
 from workbench.cluster.communicator import Communicator, Mailbox
 from workbench.cluster.health import scheduler_workers
 from workbench.cluster.malloc import reuse_freed_memory
@@ -146,17 +151,26 @@ class WorkerCollectives:
         self.worker = worker
         self.mailbox = Mailbox()
         self.communicators: dict[str, object] = {}
+        self.streams = ArrayStreams(self._connect, self.mailbox.put, self.mailbox.destination)
+
+    async def _connect(self, address: str):
+        return await connect(address, **self.worker.connection_args)
 
     def receive(self, group: str, key: str, data) -> None:
-        """The handler: an array from a peer (runs on the worker's event loop)."""
+        """The message handler: an array from a peer (runs on the worker's event loop)."""
         self.mailbox.put(group, key, data)
 
+    async def receive_stream(self, comm) -> None:
+        """The stream handler: the arrays a peer sends on a comm of its own, until it closes."""
+        await self.streams.read(comm)
+
     async def send(self, group: CollectiveGroup, peer: int, key: str, value) -> None:
-        # with a reply: the comm hands our buffer to the socket without copying it, and only the
-        # reply says the peer has it all, so the array is free to change after this returns
-        await self.worker.rpc(group.addresses[peer]).workbench_collective(
-            group=group.token, key=key, data=to_serialize(value)
-        )
+        address = group.addresses[peer]
+        if await self.streams.send(address, group.token, key, value):
+            return
+        # as a message, with a reply: the comm hands our buffer to the socket without copying it, and
+        # only the reply says the peer has it all, so the array is free to change after this returns
+        await self.worker.rpc(address).workbench_collective(group=group.token, key=key, data=to_serialize(value))
 
     def communicator(self, group: CollectiveGroup):
         found = self.communicators.get(group.token)
@@ -191,6 +205,10 @@ class WorkerCollectives:
         else:
             self.mailbox.release(token)
 
+    def close(self) -> None:
+        """Close the streams to the peers (the worker is closing)."""
+        self.streams.close()
+
 
 class CollectivePlugin(WorkerPlugin):
     """Gives every worker its :class:`WorkerCollectives` and the handler peers send to.
@@ -208,3 +226,9 @@ class CollectivePlugin(WorkerPlugin):
         if collectives is None:
             collectives = worker.extensions[NAME] = WorkerCollectives(worker)
         worker.handlers[HANDLER] = collectives.receive
+        worker.handlers[array_stream.HANDLER] = collectives.receive_stream
+
+    def teardown(self, worker):
+        collectives = worker.extensions.get(NAME)
+        if collectives is not None:
+            collectives.close()

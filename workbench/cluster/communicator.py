@@ -12,7 +12,8 @@ so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``, a
   the owner sums the ``R`` pieces in a pairwise tree over the ranks,
   ``(g0 + g1) + (g2 + g3) ...``, then sends the sum back to everyone. Two message
   rounds whatever ``R``; the tree is the one a reduction task graph uses, so both give
-  the same bits.
+  the same bits. Chunks over ``SEGMENT`` bytes go in segments, pipelined: a segment is
+  summed and sent back while the next ones still arrive.
 - ``"ring"``: ``R - 1`` rounds of reduce-scatter and ``R - 1`` of all-gather around
   the ring, each rank talking to its two neighbours only; chunk ``c`` is summed as
   ``((g_c + g_c+1) + g_c+2) ...``. For large groups.
@@ -41,6 +42,7 @@ from workbench.errors import ClusterError, CollectiveError
 ALGORITHMS = ("auto", "direct", "ring", "gather")
 RING_FROM = 9  # "auto" uses the ring from this many ranks on (direct needs R - 1 connections per rank)
 GATHER_BELOW = 64 << 10  # "auto" sends small arrays whole between 2 ranks: one message round instead of two
+SEGMENT = 1 << 20  # "direct" pipelines chunks larger than this in segments of at most this many bytes
 
 
 #: Seconds a mailbox keeps messages for a group no communicator here joined (a peer may start first).
@@ -59,6 +61,7 @@ class Mailbox:
         self._closed: set[str] = set()  # groups released here: late messages for them are dropped
         self._joined: set[str] = set()
         self._pending: set[str] = set()  # groups not joined (yet) with an expiry scheduled
+        self._into: dict[str, Any] = {}  # key -> the array a receiver wants that message written into
         self.stray_seconds = float(stray_seconds)
 
     def join(self, group: str) -> None:
@@ -79,6 +82,25 @@ class Mailbox:
             slot = self._slots[key] = asyncio.get_running_loop().create_future()
         return slot
 
+    def expect(self, group: str, key: str, into) -> None:
+        """Ask that ``key`` of ``group``, if it has not arrived yet, be written into ``into``
+        (a transport that can read into a buffer asks :meth:`destination`). Only for an array that
+        nothing reads until the message is taken: one already being read in when a wait fails may
+        still land in it."""
+        full = f"{group}|{key}"
+        if group not in self._closed and full not in self._slots:
+            self._into[full] = into
+
+    def destination(self, group: str, key: str, dtype, nbytes: int):
+        """The array registered for ``key`` of ``group`` if a message of ``nbytes`` bytes of
+        ``dtype`` fits it exactly (it is then handed out once), else None."""
+        full = f"{group}|{key}"
+        into = self._into.get(full)
+        if into is None or into.dtype != dtype or into.nbytes != nbytes or group in self._closed:
+            return None
+        del self._into[full]
+        return into
+
     def put(self, group: str, key: str, value) -> None:
         if group in self._closed:
             return
@@ -92,8 +114,10 @@ class Mailbox:
     async def take(self, group: str, key: str, timeout: float):
         full = f"{group}|{key}"
         try:
-            return await asyncio.wait_for(asyncio.shield(self._slot(full)), timeout)
+            async with asyncio.timeout(timeout):  # on a timeout the slot is cancelled, then dropped below
+                return await self._slot(full)
         finally:
+            self._into.pop(full, None)
             slot = self._slots.get(full)
             if slot is not None and slot.done():
                 del self._slots[full]
@@ -110,6 +134,8 @@ class Mailbox:
         prefix = f"{group}|"
         for key in [k for k in self._slots if k.startswith(prefix)]:
             self._slots.pop(key).cancel()
+        for key in [k for k in self._into if k.startswith(prefix)]:
+            del self._into[key]
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -129,7 +155,8 @@ def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
 def tree_sum(parts: list, out=None):
     """``(p0 + p1) + (p2 + p3) ...``, pairwise over ``parts`` in order; into ``out`` when given.
 
-    ``parts`` may include ``out`` itself; intermediate sums go to fresh arrays, the last into ``out``.
+    ``parts`` may include ``out`` itself; intermediate sums go to fresh arrays, the last into ``out``
+    (between 2 ranks there are none: one add, in place).
     """
     level = list(parts)
     while len(level) > 2:
@@ -302,7 +329,8 @@ class Communicator:
 
     async def _put(self, peer: int, key: str, value) -> None:
         try:
-            await asyncio.wait_for(self._send(peer, key, value), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await self._send(peer, key, value)
         except TimeoutError:
             raise CollectiveError(
                 f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s"
@@ -311,9 +339,11 @@ class Communicator:
             raise CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
         self.bytes_sent += value.nbytes
 
-    async def _get(self, bucket: str, peer: int, key: str, like):
+    async def _get(self, bucket: str, peer: int, key: str, like, into: bool = False):
         waiting = self.waiting_on.setdefault(bucket, set())
         waiting.add(peer)
+        if into:  # where the transport can, the message is read straight into ``like``
+            self.mailbox.expect(self.group, key, like)
         try:
             value = await self.mailbox.take(self.group, key, self.timeout)
             waiting.discard(peer)
@@ -332,9 +362,10 @@ class Communicator:
         self.bytes_received += value.nbytes
         return value
 
-    async def _exchange(self, bucket: str, sends: list, receives: list, sent: list) -> list:
+    async def _exchange(self, bucket: str, sends: list, receives: list, sent: list, into: bool = False) -> list:
         """Send ``(peer, key, array)``s while receiving ``(peer, key, like)``s (each must have ``like``'s
-        shape and dtype); the received arrays in order.
+        shape and dtype); the received arrays in order. With ``into``, each is received into its
+        ``like`` where the transport can (the result is then ``like`` itself), else a new array.
 
         Returns once everything is received, without waiting for the sends' replies: their tasks
         go to ``sent``, awaited when the bucket is done. (An array sent in one round is written
@@ -342,7 +373,7 @@ class Communicator:
         failure of any send or receive ends the exchange at once.
         """
         sent.extend(asyncio.ensure_future(self._put(p, k, v)) for p, k, v in sends)
-        receiving = [asyncio.ensure_future(self._get(bucket, p, k, like)) for p, k, like in receives]
+        receiving = [asyncio.ensure_future(self._get(bucket, p, k, like, into)) for p, k, like in receives]
         try:
             waiting = set(receiving)
             while waiting:
@@ -368,26 +399,54 @@ class Communicator:
     async def _gather(self, bucket: str, flat, scale, sent: list) -> None:
         r = self.rank
         peers = [p for p in range(self.size) if p != r]
-        arrays = await self._exchange(
-            bucket,
-            [(p, f"{bucket}|all|{r}", flat) for p in peers],
-            [(p, f"{bucket}|all|{p}", flat) for p in peers],
-            sent,
-        )
-        total = tree_sum(arrays[:r] + [flat] + arrays[r:])  # a new array: peers may still be reading ``flat``
+        sends = [(p, f"{bucket}|all|{r}", flat) for p in peers]
+        receives = [(p, f"{bucket}|all|{p}", flat) for p in peers]
+        if flat.nbytes <= GATHER_BELOW:
+            # the fast path, without a task per message: a small send is in the socket's hands at once
+            # (a peer reads whatever arrives, whether its rank waits for it yet or not)
+            for peer, key, value in sends:
+                await self._put(peer, key, value)
+            arrays = [await self._get(bucket, peer, key, like) for peer, key, like in receives]
+        else:
+            arrays = await self._exchange(bucket, sends, receives, sent)
+            await asyncio.gather(*sent)  # every peer has read ``flat``: the sum goes straight into it
+        tree_sum(arrays[:r] + [flat] + arrays[r:], flat)
         if scale is not None:
-            np.multiply(total, scale, out=total, casting="unsafe")
-        await asyncio.gather(*sent)
-        np.copyto(flat, total, casting="unsafe")
+            np.multiply(flat, scale, out=flat, casting="unsafe")
 
     async def _direct(self, bucket: str, flat, scale, sent: list) -> None:
-        r, size = self.rank, self.size
-        views = [flat[a:b] for a, b in chunk_bounds(len(flat), size)]
-        peers = [p for p in range(size) if p != r]
+        views = [flat[a:b] for a, b in chunk_bounds(len(flat), self.size)]
+        segments = -(-views[0].nbytes // SEGMENT)
+        if segments <= 1:
+            return await self._direct_segment(bucket, bucket, views, scale, sent)
+        # a pipeline: segment s is summed and sent back while the later ones still arrive. Each
+        # element is summed as before (over the ranks, in the same tree), so the bits are the same
+        cuts = [chunk_bounds(len(v), segments) for v in views]
+        parts = [
+            asyncio.ensure_future(
+                self._direct_segment(
+                    bucket, f"{bucket}#{s}", [v[c[s][0] : c[s][1]] for v, c in zip(views, cuts)], scale, sent
+                )
+            )
+            for s in range(segments)
+        ]
+        try:
+            done, _ = await asyncio.wait(parts, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()
+        finally:
+            for task in parts:
+                task.cancel()
+
+    async def _direct_segment(self, bucket: str, name: str, views: list, scale, sent: list) -> None:
+        """The direct algorithm on ``views`` (one per rank, rank ``p`` owning ``views[p]``), messages named ``name``."""
+        r = self.rank
+        peers = [p for p in range(self.size) if p != r]
         pieces = await self._exchange(
             bucket,
-            [(p, f"{bucket}|rs|{r}", views[p]) for p in peers],
-            [(p, f"{bucket}|rs|{p}", views[r]) for p in peers],
+            [(p, f"{name}|rs|{r}", views[p]) for p in peers],
+            [(p, f"{name}|rs|{p}", views[r]) for p in peers],
             sent,
         )
         parts = pieces[:r] + [views[r]] + pieces[r:]
@@ -396,12 +455,14 @@ class Communicator:
             np.multiply(views[r], scale, out=views[r], casting="unsafe")
         sums = await self._exchange(
             bucket,
-            [(p, f"{bucket}|ag|{r}", views[r]) for p in peers],
-            [(p, f"{bucket}|ag|{p}", views[p]) for p in peers],
+            [(p, f"{name}|ag|{r}", views[r]) for p in peers],
+            [(p, f"{name}|ag|{p}", views[p]) for p in peers],
             sent,
+            into=True,
         )
         for p, value in zip(peers, sums):
-            np.copyto(views[p], value)
+            if value is not views[p]:
+                np.copyto(views[p], value)
 
     async def _ring(self, bucket: str, flat, scale, sent: list) -> None:
         r, size = self.rank, self.size
@@ -426,5 +487,7 @@ class Communicator:
                 [(right, f"{bucket}|ag{k}|{r}", views[send])],
                 [(left, f"{bucket}|ag{k}|{left}", views[recv])],
                 sent,
+                into=True,
             )
-            np.copyto(views[recv], value)
+            if value is not views[recv]:
+                np.copyto(views[recv], value)

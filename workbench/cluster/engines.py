@@ -86,8 +86,6 @@ def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> st
             f"it runs one replica per worker, and replicas={options.replicas or 1} + backup_replicas={backups} "
             f"exceeds the {workers} workers"
         )
-    if backups and request.stats_every:
-        return f"fit(stats=...) is not reported with backup_replicas={backups}"
     return None
 
 
@@ -133,7 +131,11 @@ def choose_strategy(request: FitRequest, client, options: ClusterOptions) -> tup
     if reason is None:
         return name, ""
     if options.strategy is not None:
-        raise ClusterError(f"strategy={name!r} cannot train this fit: {reason}; use strategy={FALLBACK_STRATEGY!r}")
+        # fit(stats=...) is computed by the all-reduce strategy only: the fallback is no way out then
+        advice = (
+            "leave stats out" if request.stats_every and name == "allreduce" else f"use strategy={FALLBACK_STRATEGY!r}"
+        )
+        raise ClusterError(f"strategy={name!r} cannot train this fit: {reason}; {advice}")
     return FALLBACK_STRATEGY, f"{FALLBACK_STRATEGY} instead of {name}: {reason}"
 
 
@@ -145,9 +147,14 @@ def make_engine(request: FitRequest, client, options: ClusterOptions, events: Ev
 
     name, reason = choose_strategy(request, client, options)
     if request.stats_every and name != "allreduce":
-        why = f" (chosen: {reason})" if reason else ""
+        if reason:  # chosen because the all-reduce strategy cannot train this fit: naming it is no way out
+            why = reason.partition(": ")[2]
+            raise ClusterError(
+                f"fit(stats=...) on a cluster is computed by the all-reduce strategy, and it cannot train this "
+                f"fit: {why}; leave stats out, or change what keeps the all-reduce strategy out"
+            )
         raise ClusterError(
-            f"fit(stats=...) on a cluster is computed by the all-reduce strategy, not {name!r}{why}; "
+            f"fit(stats=...) on a cluster is computed by the all-reduce strategy, not {name!r}; "
             "use strategy='allreduce', or leave stats out"
         )
     engine = failures.guard(None, client, request.data)

@@ -253,7 +253,7 @@ class Replica:
         self._missing = [len(b.gradients) for b in self.buckets]
         self._handles: list = [None] * len(self.buckets)
         self._deferred = delay > 0 or self.backup is not None  # the gradient is handed in after the delay
-        sent, received = self.comm.bytes_sent, self.comm.bytes_received
+        sent, received = self._bytes()
         feeds = [take_rows(self.data[k], rows) for k in self.feed_order]
         # random ops (dropout) draw per step, and per row of the global batch, however it is split
         checked = program.check_numerics
@@ -298,8 +298,8 @@ class Replica:
             "compute_seconds": computed - started,
             "allreduce_wait_seconds": reduced - handed,
             "update_seconds": time.perf_counter() - reduced,
-            "bytes_sent": self.comm.bytes_sent - sent,
-            "bytes_received": self.comm.bytes_received - received,
+            "bytes_sent": self._bytes()[0] - sent,
+            "bytes_received": self._bytes()[1] - received,
             "marks": marks.as_dict(),
             "delay": float(delay),
             "share": fetch_weight,
@@ -334,7 +334,7 @@ class Replica:
     def _catch_up(self, step, rows, start_wall, fetch_weight, sync, delay) -> dict:
         """A backup replica whose step was decided without it: no gradient, the same update as the others."""
         self._before_waiting()
-        began = time.perf_counter()
+        began, (sent, received) = time.perf_counter(), self._bytes()
         used = self.backup.exchange(step, self.flats, start_wall, time.time(), len(rows), out=True)
         reduced = time.perf_counter()
         self.update.run([self.views[i] for i in self.update_order], self.program.check_numerics)
@@ -347,8 +347,8 @@ class Replica:
             "compute_seconds": 0.0,
             "allreduce_wait_seconds": reduced - began,
             "update_seconds": time.perf_counter() - reduced,
-            "bytes_sent": 0,
-            "bytes_received": 0,
+            "bytes_sent": self._bytes()[0] - sent,
+            "bytes_received": self._bytes()[1] - received,
             "delay": float(delay),
             "share": fetch_weight,
             "start_wall": start_wall,
@@ -359,6 +359,11 @@ class Replica:
         if sync and self.comm.rank == 0:
             result["variables"] = {name: value.copy() for name, value in self.variables.items()}
         return result
+
+    def _bytes(self) -> tuple[int, int]:
+        """Bytes this rank sent and received so far (with backups, the messages its backup side took too)."""
+        received = self.comm.bytes_received + (self.backup.bytes_received if self.backup is not None else 0)
+        return self.comm.bytes_sent, received
 
     def _before_waiting(self) -> None:
         """Waiting for peers while another run shares this worker: leave the thread pool (see
@@ -513,3 +518,11 @@ def held_variables(token: str) -> dict:
     if replica is None:
         raise ClusterError(f"no replica of run {token!r} on this worker")
     return {name: value.copy() for name, value in replica.variables.items()}
+
+
+def peers_gone(token: str, ranks: list[int]) -> None:
+    """Tell this worker's replica of ``token`` that ``ranks`` left the cluster (run with ``client.run``):
+    with backups, a step that used one of them is decided again (see :meth:`BackupRank.peer_gone`)."""
+    replica = _REPLICAS.get(token)
+    if replica is not None and replica.backup is not None:
+        replica.backup.peer_gone(ranks)

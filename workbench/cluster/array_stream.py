@@ -1,0 +1,153 @@
+"""Arrays between two workers as raw frames on one long-lived Dask comm per peer.
+
+A collective's messages are many, regular and small in number of fields: a group, a key and
+one flat array. Sent as Dask messages (``rpc``, one per array, with a reply) each pays the
+connection pool, msgpack, the frame header, the handler's dispatch and a reply's round trip.
+Here a worker opens one comm to each peer it sends to (Dask's ``connect`` with the worker's
+own connection arguments, so TLS comes for free), hands it to the peer's stream handler with
+one Dask message, and from then on writes frames straight to the comm's stream::
+
+    <u32 length of the names> <u64 payload bytes> group \\0 key \\0 dtype   payload
+
+The receiver reads the payload straight into the array the receiving rank registered for the
+key (:meth:`~workbench.cluster.communicator.Mailbox.expect`), or into a fresh one: no copy
+between the socket's buffer and where the array is used. A frame whose payload is small goes
+out in one write with its header (one system call). No reply: once the stream has handed the
+payload to the socket the array is the sender's again, and a sum the peer sends back depends
+on having read it all. Comms without a byte stream (UCX, in-process) fall back to messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+HANDLER = "workbench_collective_stream"
+HEADER = struct.Struct("<IQ")  # length of the names that follow, payload bytes
+SMALL = 64 << 10  # a payload up to this many bytes goes out in the header's write
+KINDS = "biufc"  # dtypes a frame may carry: plain numbers only, never objects
+
+
+class FrameError(OSError):
+    """A frame that is not one (a bad header or dtype): the stream it came on is dropped."""
+
+
+def frame_header(group: str, key: str, value) -> bytes:
+    names = f"{group}\0{key}\0{value.dtype.str}".encode()
+    return HEADER.pack(len(names), value.nbytes) + names
+
+
+class ArrayStreams:
+    """One worker's outgoing streams, by peer address, and the reader of its incoming ones.
+
+    Parameters
+    ----------
+    connect : coroutine function ``connect(address)``
+        A new Dask comm to ``address`` (the worker's connection arguments applied).
+    deliver : ``deliver(group, key, array)``
+        Where an array that arrived goes (a mailbox's ``put``).
+    into : ``into(group, key, dtype, nbytes)``
+        The array registered to receive ``key`` of ``group``, or None for a fresh one.
+    """
+
+    def __init__(self, connect: Callable[[str], Awaitable], deliver: Callable, into: Callable):
+        self._connect, self._deliver, self._into = connect, deliver, into
+        self._out: dict[str, asyncio.Future] = {}
+
+    async def stream_to(self, address: str):
+        """The open stream to ``address`` (opened on first use, again after it broke), or None
+        where the comm has no byte stream to write frames on."""
+        opening = self._out.get(address)
+        if opening is not None and opening.done():
+            comm = None if opening.cancelled() or opening.exception() else opening.result()
+            if comm is None or comm is not False and comm.closed():
+                opening = None
+        if opening is None:
+            opening = self._out[address] = asyncio.ensure_future(self._open(address))
+        comm = await asyncio.shield(opening)
+        return None if comm is False else comm.stream
+
+    def open_to(self) -> list[str]:
+        """The peers this worker has a frame stream to now."""
+        return sorted(
+            a
+            for a, f in self._out.items()
+            if f.done()
+            and not f.cancelled()
+            and not f.exception()
+            and f.result() is not False
+            and not f.result().closed()
+        )
+
+    async def _open(self, address: str):
+        comm = await self._connect(address)
+        if getattr(comm, "stream", None) is None:
+            comm.abort()
+            return False
+        await comm.write({"op": HANDLER, "reply": False})
+        return comm
+
+    async def send(self, address: str, group: str, key: str, value) -> bool:
+        """Write ``value`` (a contiguous array) to ``address`` as one frame; False where that
+        peer takes messages only. Returns once the payload is in the socket's hands."""
+        stream = await self.stream_to(address)
+        if stream is None:
+            return False
+        head, payload = frame_header(group, key, value), memoryview(value).cast("B")
+        try:
+            if value.nbytes <= SMALL:
+                done = stream.write(head + payload)
+            else:  # two writes, no await between them: no other frame comes in between
+                stream.write(head)
+                done = stream.write(payload)
+            await done
+        except OSError:  # the stream broke: the next frame opens another
+            self._drop(address)
+            raise
+        return True
+
+    def _drop(self, address: str) -> None:
+        opening = self._out.pop(address, None)
+        if opening is not None and opening.done() and not opening.cancelled() and not opening.exception():
+            comm = opening.result()
+            if comm is not False:
+                comm.abort()
+
+    async def read(self, comm) -> None:
+        """Deliver every frame that arrives on ``comm`` until it closes (the stream handler)."""
+        stream = comm.stream
+        try:
+            while True:
+                names, nbytes = HEADER.unpack(await stream.read_bytes(HEADER.size))
+                group, key, dtype = _names(await stream.read_bytes(names))
+                if dtype.kind not in KINDS or nbytes % dtype.itemsize:
+                    raise FrameError(f"a frame of {nbytes} bytes of {dtype} for {key!r}")
+                array = self._into(group, key, dtype, nbytes)
+                if array is None:
+                    array = np.empty(nbytes // dtype.itemsize, dtype)
+                if nbytes:
+                    await stream.read_into(memoryview(array).cast("B"))
+                self._deliver(group, key, array)
+        except (OSError, ValueError, UnicodeDecodeError):  # the peer went away, or sent garbage
+            pass
+        finally:
+            comm.abort()
+
+    def close(self) -> None:
+        for address, opening in list(self._out.items()):
+            if not opening.done():
+                opening.cancel()
+            self._drop(address)
+
+
+def _names(raw: bytes) -> tuple[str, str, np.dtype]:
+    parts = raw.decode().split("\0")
+    if len(parts) != 3:
+        raise FrameError(f"a frame header names {len(parts)} fields, not 3")
+    with contextlib.suppress(TypeError):
+        return parts[0], parts[1], np.dtype(parts[2])
+    raise FrameError(f"a frame of unknown dtype {parts[2]!r}")
