@@ -82,6 +82,10 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
         # the replicas exchange statistics in their forward pass (a synchronized batch norm): the
         # "allreduce" strategy function's replica programs run those collectives; the engine cannot
         function, strategy = True, "allreduce"
+    if session._resident is None:
+        from workbench.cluster.resident import ResidentData
+
+        session._resident = ResidentData()  # its data on the workers, kept from fit to fit while unchanged
     options = ClusterOptions(
         None if function else strategy,
         replicas,
@@ -90,6 +94,7 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
         chosen,
         cluster["backup_replicas"],
         cluster["step_timeout"],
+        resident=session._resident,
     )
     every = checkpoint_every or cluster["sync_every"]
     if function:  # the members run the strategy's replica program (rank 0 reports fit(stats=k))

@@ -93,6 +93,7 @@ class Session:
         # there draws the batches the fit it continues would have drawn
         self._batch_seeds: dict[str, tuple] = {}
         self._said_local = False  # whether run() said that a training step runs here, not on the cluster
+        self._resident = None  # the NumPy data of its cluster fits, kept on the workers until close()
         #: The history of the latest ``fit``, also when it was interrupted or failed (the steps done).
         self.last_history: History | None = None
         self.last_profile: dict[str, float] = {}  # run(..., profile=True): seconds per op of that run
@@ -478,7 +479,11 @@ class Session:
         return fit_arguments.examples(self, data)
 
     def close(self) -> None:
-        """Close the cluster client (and local cluster) this session started, if any."""
+        """Release the data its fits keep on the cluster's workers, and close the cluster client (and
+        local cluster) this session started, if any."""
+        if self._resident is not None:
+            self._resident.release()
+            self._resident = None
         if self.client is not None and self._owns_client:
             from workbench.cluster.connect import close
 

@@ -46,6 +46,7 @@ from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.membership import Membership
 from workbench.cluster.program import TrainingProgram
 from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.resident import digests_soon
 from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.cluster.stat_combine import combine_stats, stat_rules
 from workbench.cluster.uninterrupted import results_whole, scatter_whole
@@ -130,6 +131,9 @@ class AllReduceEngine(Coordinated):
         Seconds a worker keeps its replica without a step (default: the larger of 300 and 4 x
         ``timeout``); it drops it at once when the scheduler releases the run's start task (this
         client left the scheduler, or dropped the run). 0: only the latter.
+    resident : ResidentData, optional
+        Where the session keeps its data on the workers between fits
+        (:mod:`workbench.cluster.resident`); without it, the data are sent at every launch.
     """
 
     strategy = "allreduce"
@@ -159,6 +163,7 @@ class AllReduceEngine(Coordinated):
         stats_labels=(),
         stats_every: int = 0,
         stragglers=None,
+        resident=None,
     ):
         missing = set(program.feeds) - set(data)
         if missing:
@@ -205,14 +210,17 @@ class AllReduceEngine(Coordinated):
         self._transient = _restartable()
         self.stragglers = stragglers  # fit(stragglers=...): each rank's delay, drawn by (step, rank)
         self.backups = 0  # fit(backup_replicas=b): see workbench.cluster.backup_engine
+        self.resident = resident  # the session's data on the workers, reused while unchanged (None: sent each launch)
 
     @classmethod
     def for_fit(cls, request, client, options, events) -> AllReduceEngine:
         """The engine of one ``Session.fit`` (a :class:`~workbench.fitloop.FitRequest` and its
         :class:`~workbench.cluster.options.ClusterOptions`): the ``allreduce`` strategy's factory."""
         program = TrainingProgram.for_fit(request)
-        total = options.replicas_for(client) + (options.backup_replicas if options.replicas else 0)
-        stragglers = check_stragglers(request.stragglers, total)
+        stragglers = None
+        if request.stragglers is not None:  # the replicas they name checked (asks the scheduler for the workers)
+            total = options.replicas_for(client) + (options.backup_replicas if options.replicas else 0)
+            stragglers = check_stragglers(request.stragglers, total)
         engine = cls(
             client,
             program,
@@ -232,6 +240,7 @@ class AllReduceEngine(Coordinated):
             stats_labels=list(request.stats),
             stats_every=request.stats_every,
             stragglers=stragglers,
+            resident=options.resident,
         )
         engine.backups = options.backup_replicas
         return engine
@@ -263,7 +272,9 @@ class AllReduceEngine(Coordinated):
         )
         # scattered again for each generation: Dask keeps one replica of scattered data once no task
         # waits for it, and the worker holding it may be the one that died
-        program, state, *data = self._scatter([self.program, variables, *(self.data[n] for n in self.program.feeds)])
+        digests = self._digests()  # hashed while the variables go out
+        program, state = self._scatter([self.program, variables])
+        data = self._place_data(members, digests)
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = [
@@ -274,7 +285,7 @@ class AllReduceEngine(Coordinated):
                 step,
                 self.group,
                 self.bucket_bytes,
-                *data,
+                *data[i],
                 lease=self.lease,
                 needed=self._needed(len(members)),
                 key=allreduce_key(self.name, "start", i, token),
@@ -285,6 +296,24 @@ class AllReduceEngine(Coordinated):
             )
             for i, w in enumerate(members)
         ]
+
+    def _digests(self):
+        """The feeds' content digests on their way (:func:`~workbench.cluster.resident.digests_soon`), or None
+        without a :class:`~workbench.cluster.resident.ResidentData`."""
+        if self.resident is None:
+            return None
+        return digests_soon([self.data[n] for n in self.program.feeds])
+
+    def _place_data(self, members: list[str], digests=None) -> list[list]:
+        """Each member's sources of the feeds (program feed order): the session's copies on the workers
+        (:class:`~workbench.cluster.resident.ResidentData`: sent only where a member lacks them, or they
+        changed), or without one, broadcast for this generation."""
+        arrays = [self.data[n] for n in self.program.feeds]
+        if self.resident is None:
+            data = self._scatter(arrays)
+            return [data] * len(members)
+        timeout = self.deadline.seconds
+        return self.resident.place(self.client, arrays, members, self._scatter, timeout=timeout, digests=digests)
 
     def _scatter(self, values: list, workers: list[str] | None = None) -> list:
         """``values`` on ``workers`` (default: every member of the new group, each a copy), bounded by the

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,9 @@ class ClusterOptions:
         ten times the slowest step for slow ones, 120 s for the first step (compilation).
     reason : str
         Why ``fit`` chose this strategy, when it chose one for a reason (shown in ``FitStarted``).
+    resident : ResidentData, optional
+        The session's NumPy data on the workers (:mod:`workbench.cluster.resident`): the all-reduce
+        engines send an array to a worker only where it lacks it or it changed; None: at every fit.
     """
 
     strategy: str | None = None
@@ -47,6 +51,7 @@ class ClusterOptions:
     backup_replicas: int = 0
     step_timeout: float | None = None
     reason: str = ""
+    resident: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         _count("window", self.window, 1)

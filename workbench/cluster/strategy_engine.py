@@ -152,7 +152,9 @@ class StrategyEngine(AllReduceEngine):
         self.group = CollectiveGroup.create(
             client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
         )
-        program, *data = self._scatter([self.program, *(self.data[n] for n in self.program.feeds)])
+        digests = self._digests()  # hashed while the program goes out
+        (program,) = self._scatter([self.program])
+        data = self._place_data(members, digests)
         token = self.group.token
         self.replicas = self.workers = len(members)
         self.started = []
@@ -166,7 +168,7 @@ class StrategyEngine(AllReduceEngine):
                     step,
                     self.group,
                     0,
-                    *data,
+                    *data[i],
                     lease=self.lease,
                     key=allreduce_key(self.name, "start", i, token),
                     workers=[worker],
@@ -231,5 +233,6 @@ def make(request, client, options, events, strategy):
             stragglers=stragglers,
             stats_labels=list(request.stats),
             stats_every=request.stats_every,
+            resident=options.resident,
         )
     return engine
