@@ -394,8 +394,10 @@ class Session:
             recorded as ``val_<label>`` (see :mod:`workbench.validation`).
         stats : int, optional
             Every ``stats`` steps, also fetch the statistic ops :func:`workbench.watch` adds
-            (gradient norms, activation mean/std) into ``History.stats``. On a cluster the all-reduce
-            strategy's first replica computes and reports them (its shard's values); other strategies refuse.
+            (gradient norms, activation mean/std) into ``History.stats``. On a cluster they are the global
+            batch's: with the all-reduce strategy (its backups and strategy functions included) every replica
+            computes them on its shard and they are joined by share, gradient norms of the all-reduced
+            gradient; other strategies refuse.
         feed_dict : dict, optional
             Placeholders (names or tensors) fed the same value at every training step,
             locally and on a cluster, e.g. ``{"training": True}`` for a placeholder
