@@ -225,15 +225,18 @@ def test_gradient_norms_of_a_loss_that_does_not_split_are_refused(client):
         sess.fit(train, data, batch_size=16, steps=2, replicas=2, strategy=wb.strategies.local_sgd(every=2), stats=1)
 
 
+@pytest.mark.parametrize("replicas", [2, 3])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_the_allreduce_strategy_function_gives_the_bits_of_the_built_in_engine(kit, client, dtype):
+def test_the_allreduce_strategy_function_gives_the_bits_of_the_built_in_engine(kit, client3, dtype, replicas):
     from workbench.strategies import resolve
 
     m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05), dtype=dtype)
     found = []
     for strategy in ("allreduce", resolve("allreduce")):  # the engine, then the strategy function
-        sess = wb.Session(m["graph"], seed=0, cluster=client)
-        history = sess.fit(m["train"], kit.blobs(dtype=dtype), batch_size=32, steps=6, replicas=2, strategy=strategy)
+        sess = wb.Session(m["graph"], seed=0, cluster=client3)
+        history = sess.fit(
+            m["train"], kit.blobs(dtype=dtype), batch_size=33, steps=6, replicas=replicas, strategy=strategy
+        )  # 33 rows: shards of 17/16 and 11/11/11
         found.append(sess.variables)
     assert history["collectives"].tolist() == [4] * 6  # w0, b0, w1, b1: the ops, in one bucket
     for name, value in found[0].items():

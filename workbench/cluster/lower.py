@@ -222,21 +222,20 @@ def allreduce_calls(
     """The ``(key, arguments of run_step)`` of one all-reduce step's ``ranks`` tasks.
 
     Rank ``i`` trains on shard ``i`` of ``index``. ``reduction`` is how the loss reduces over the
-    batch's rows (the program's ``loss_reduction``). A mean, equal shards: each gradient goes into
-    its bucket as it is and the sum is scaled once by ``1 / R``; unequal shards: each by its shard's
-    rows, the sum by ``1 / len(index)``. A sum: the gradients are summed as they are. Mean fetches
+    batch's rows (the program's ``loss_reduction``). A mean: each gradient goes into its bucket
+    multiplied by its shard's share of the rows and the buckets are summed as they are, so the
+    ``"allreduce"`` strategy function (``wb.all_reduce(g * r.weight)``) gives the same bits at every
+    R. A sum: the gradients are summed as they are. Mean fetches
     are weighted by the shard's share; rank 0 brings the variables home when ``sync``.
     ``started[i]``: rank ``i``'s start task (a future or a ref), for the order.
     """
     if reduction not in ("mean", "sum"):
         raise ClusterError(f"a loss reduction is 'mean' or 'sum', not {reduction!r}")
     parts = shards(index, ranks)
-    total, equal = len(index), len({len(p) for p in parts}) == 1 or reduction == "sum"
-    count = 1 if reduction == "sum" else ranks if equal else total
-    scale = None if count == 1 else 1.0 / count  # applied once, to the sum
+    total, scale = len(index), None
     calls, offset = [], 0
     for i, part in enumerate(parts):
-        weight = 1.0 if equal else float(len(part))
+        weight = 1.0 if reduction == "sum" or ranks == 1 else len(part) / total
         args = (token, step, part, offset, weight, scale, len(part) / total, sync and i == 0, started[i])
         calls.append((allreduce_key(name, step, i, token), args))
         offset += len(part)
