@@ -12,7 +12,7 @@ step task on that worker (:func:`run_step`):
    rest of the backward pass (buckets follow the order the backward pass produces the
    gradients, last layer first);
 2. waits for the sums to be in the buckets (bounded: a dead or hung peer raises
-   ``CollectiveError``); the sum is scaled once, by the rank that sums each chunk. The
+   ``CollectiveError``); each gradient came in weighted by its shard's share (a sum loss: as it is). The
    peers' replies to what this rank sent (they have read it) are waited for only when
    the next step is about to write into the buckets, off the step's critical path;
 3. applies the optimizer in place with the reduced gradients, views into the buckets;
