@@ -257,7 +257,6 @@ def compare_strategies(
         view = ComparisonView(list(runs), clock=clock)
         display(view)
     marked = current_study.set(new_token("comparison"))  # a notebook shows the comparison's view, not one per fit
-    held = _held_validation(client, validation)
     try:
         for label, options in runs.items():
             keywords = {"replicas": replicas, "stragglers": stragglers, **fit_keywords, **options}
@@ -274,7 +273,6 @@ def compare_strategies(
             sess.close()  # (a cluster's client is the comparison's, not the session's)
     finally:
         current_study.reset(marked)
-        del held
         if owned:
             from workbench.cluster.connect import close
 
@@ -297,16 +295,6 @@ def _client(cluster):
 
     client = connect(cluster)
     return client, client is not cluster
-
-
-def _held_validation(client, validation) -> list:
-    """The held-out arrays on the cluster for the whole comparison. Each run's fit scatters them under
-    their content's key, the same key every run: held here, that key is never released between runs
-    (a run's release, sent when its futures are collected, may reach the scheduler after the next run
-    scattered the key again, and the scheduler would forget it)."""
-    if client is None or not (isinstance(validation, tuple) and isinstance(validation[0], Mapping)):
-        return []
-    return [client.scatter(v) for v in validation[0].values() if isinstance(v, np.ndarray)]
 
 
 def _async_scaled(keywords: dict, options: Mapping, steps: int, validation):

@@ -270,8 +270,9 @@ class AllReduceEngine(Coordinated):
         self.group = CollectiveGroup.create(
             client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
         )
-        # scattered again for each generation: Dask keeps one replica of scattered data once no task
-        # waits for it, and the worker holding it may be the one that died
+        # the program and variables scattered again for each generation (Dask keeps one replica of
+        # broadcast data once no task waits for it, and the worker holding it may be the one that died);
+        # the data through the session's copies, checked against the scheduler (_place_data)
         digests = self._digests()  # hashed while the variables go out
         program, state = self._scatter([self.program, variables])
         data = self._place_data(members, digests)

@@ -136,6 +136,11 @@ def choose_strategy(request: FitRequest, client, options: ClusterOptions) -> tup
             "leave stats out" if request.stats_every and name == "allreduce" else f"use strategy={FALLBACK_STRATEGY!r}"
         )
         raise ClusterError(f"strategy={name!r} cannot train this fit: {reason}; {advice}")
+    if request.stats_every:  # the fallback cannot compute them: naming it is no way out
+        raise ClusterError(
+            f"fit(stats=...) on a cluster is computed by the all-reduce strategy, and it cannot train this "
+            f"fit: {reason}; leave stats out, or change what keeps the all-reduce strategy out"
+        )
     return FALLBACK_STRATEGY, f"{FALLBACK_STRATEGY} instead of {name}: {reason}"
 
 
@@ -147,12 +152,6 @@ def make_engine(request: FitRequest, client, options: ClusterOptions, events: Ev
 
     name, reason = choose_strategy(request, client, options)
     if request.stats_every and name != "allreduce":
-        if reason:  # chosen because the all-reduce strategy cannot train this fit: naming it is no way out
-            why = reason.partition(": ")[2]
-            raise ClusterError(
-                f"fit(stats=...) on a cluster is computed by the all-reduce strategy, and it cannot train this "
-                f"fit: {why}; leave stats out, or change what keeps the all-reduce strategy out"
-            )
         raise ClusterError(
             f"fit(stats=...) on a cluster is computed by the all-reduce strategy, not {name!r}; "
             "use strategy='allreduce', or leave stats out"
