@@ -1,5 +1,7 @@
 """Models and data shared by the cluster tests (the ``kit`` fixture: test modules cannot import each other)."""
 
+import asyncio
+import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -92,3 +94,22 @@ def client3():
 @pytest.fixture(scope="session")
 def kit():
     return SimpleNamespace(mlp=mlp, blobs=blobs, assert_same_variables=assert_same_variables)
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """An asyncio loop in a thread of its own, as a worker's (tasks left at the end are cancelled)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+
+    async def cancel_the_rest():
+        rest = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+
+    asyncio.run_coroutine_threadsafe(cancel_the_rest(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)

@@ -9,31 +9,12 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 from workbench.cluster.backups import BackupRank
 from workbench.cluster.communicator import Communicator, Mailbox, tree_sum
 from workbench.errors import CollectiveError
 
 N = 1001  # elements of one gradient bucket (chunks of unequal length)
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-
-    async def cancel_the_rest():
-        rest = asyncio.all_tasks() - {asyncio.current_task()}
-        for task in rest:
-            task.cancel()
-        await asyncio.gather(*rest, return_exceptions=True)
-
-    asyncio.run_coroutine_threadsafe(cancel_the_rest(), loop).result(5)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
 
 
 class Net:

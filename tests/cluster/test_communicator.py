@@ -1,7 +1,6 @@
 """The all-reduce algorithms over an in-memory transport: no cluster, one event loop in a thread."""
 
 import asyncio
-import threading
 import time
 
 import numpy as np
@@ -9,16 +8,6 @@ import pytest
 
 from workbench.cluster.communicator import Communicator, Mailbox, chunk_bounds, tree_sum
 from workbench.errors import ClusterError
-
-
-@pytest.fixture(scope="module")
-def loop():
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    yield loop
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
 
 
 def group(loop, size, algorithm, timeout=10.0, name="g"):
