@@ -30,7 +30,7 @@ import workbench as wb
 from workbench.graph import default_session as _default_session
 from workbench.graph.core import Graph, Operation, Tensor, Variable, get_default_graph, reset_default_graph
 from workbench.ops.registry import DTYPES as _DTYPES
-from workbench.tf1 import nn, train  # noqa: F401 - tf.nn, tf.train
+from workbench.tf1 import layers, losses, nn, train  # noqa: F401 - tf.layers, tf.losses, tf.nn, tf.train
 from workbench.tf1._common import UnsupportedError, axis_arg, generator, one_of, set_random_seed, shape_arg
 from workbench.tf1._common import unsupported as _unsupported
 from workbench.tf1.session import InteractiveSession, Session  # noqa: F401 - tf.Session ...
@@ -300,6 +300,178 @@ def _sum_all(tensors):
     return total
 
 
+def shape(input, name=None, out_type=None):  # noqa: A002 - TensorFlow's name
+    """Shapes are static in workbench: ``tf.shape`` has no tensor form. The message says what to use."""
+    raise UnsupportedError(
+        f"tf.shape: shapes are static in workbench; use x.shape (here {getattr(input, 'shape', None)}, None for "
+        "an axis the batch decides) in Python, and -1 in tf.reshape for the batch axis"
+    )
+
+
+def add_n(inputs, name=None):
+    """The elementwise sum of a list of tensors of one shape."""
+    inputs = list(inputs)
+    if not inputs:
+        raise wb.ArgumentError("tf.add_n needs at least one tensor")
+    total = inputs[0]
+    for t in inputs[1:]:
+        total = wb.add(total, t)
+    return total if name is None else wb.identity(total, name=name)
+
+
+def _static_shape(x, what: str) -> tuple:
+    if not isinstance(x, Tensor) or x.shape is None:
+        raise wb.ShapeError(f"tf.{what} needs a tensor of known rank, got {x!r}")
+    return tuple(x.shape)
+
+
+def _axis(axis: int, rank: int, what: str) -> int:
+    axis = int(axis)
+    if not -rank <= axis < rank:
+        raise wb.ShapeError(f"tf.{what}: axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _new_shape(dims) -> tuple:
+    """A reshape target: the one unknown (batch) axis as -1."""
+    return tuple(-1 if d is None else int(d) for d in dims)
+
+
+def squeeze(input, axis=None, name=None, squeeze_dims=None):  # noqa: A002
+    """Removes axes of size 1 (all of them, or those ``axis`` names)."""
+    dims = _static_shape(input, "squeeze")
+    axis = one_of(axis, squeeze_dims, "axis", "squeeze_dims")
+    if axis is None:
+        drop = {i for i, d in enumerate(dims) if d == 1}
+    else:
+        drop = {_axis(a, len(dims), "squeeze") for a in ([axis] if isinstance(axis, (int, np.integer)) else axis)}
+        wrong = sorted(i for i in drop if dims[i] != 1)
+        if wrong:
+            raise wb.ShapeError(f"tf.squeeze: axes {wrong} of shape {dims} are not of size 1")
+    return wb.reshape(input, _new_shape(d for i, d in enumerate(dims) if i not in drop), name=name)
+
+
+def _slice_along(x, axis: int, start: int, stop: int):
+    index = (builtins.slice(None),) * axis + (builtins.slice(start, stop),)
+    return x[index]
+
+
+def split(value, num_or_size_splits, axis=0, num=None, name="split"):
+    """``tf.split(value, 3, axis)`` (equal parts) or ``tf.split(value, [2, 5, -1], axis)`` (these sizes)."""
+    dims = _static_shape(value, "split")
+    axis = _axis(axis, len(dims), "split")
+    length = dims[axis]
+    if length is None:
+        raise wb.ShapeError(f"tf.split: axis {axis} of shape {dims} has no static size")
+    if isinstance(num_or_size_splits, (int, np.integer)):
+        parts = int(num_or_size_splits)
+        if parts < 1 or length % parts:
+            raise wb.ShapeError(f"tf.split: axis {axis} of size {length} does not split into {parts} equal parts")
+        sizes = [length // parts] * parts
+    else:
+        sizes = [int(s) for s in num_or_size_splits]
+        if sizes.count(-1) > 1:
+            raise wb.ArgumentError("tf.split: at most one size may be -1")
+        if -1 in sizes:
+            sizes[sizes.index(-1)] = length - (builtins.sum(sizes) + 1)
+        if builtins.sum(sizes) != length or builtins.min(sizes) < 0:
+            raise wb.ShapeError(f"tf.split: sizes {list(num_or_size_splits)} do not add up to axis {axis}'s {length}")
+    with wb.name_scope(name):
+        starts = np.cumsum([0] + sizes)
+        return [_slice_along(value, axis, int(a), int(b)) for a, b in zip(starts[:-1], starts[1:])]
+
+
+def unstack(value, num=None, axis=0, name="unstack"):
+    """The slices of ``value`` along ``axis``, that axis removed."""
+    dims = _static_shape(value, "unstack")
+    axis = _axis(axis, len(dims), "unstack")
+    if dims[axis] is None:
+        raise wb.ShapeError(f"tf.unstack: axis {axis} of shape {dims} has no static size")
+    with wb.name_scope(name):
+        return [value[(builtins.slice(None),) * axis + (i,)] for i in builtins.range(dims[axis])]
+
+
+def slice(input_, begin, size, name=None):  # noqa: A001 - TensorFlow's name
+    """``tf.slice(x, begin, size)``: ``size`` -1 takes the rest of an axis."""
+    dims = _static_shape(input_, "slice")
+    if len(begin) != len(dims) or len(size) != len(dims):
+        raise wb.ShapeError(
+            f"tf.slice: begin {list(begin)} and size {list(size)} must have one entry per axis of {dims}"
+        )
+    index = tuple(builtins.slice(int(b), None if int(n) == -1 else int(b) + int(n)) for b, n in zip(begin, size))
+    return input_[index] if name is None else wb.identity(input_[index], name=name)
+
+
+def tile(input, multiples, name=None):  # noqa: A002
+    """``input`` repeated ``multiples[i]`` times along each axis ``i`` (as concatenations)."""
+    dims = _static_shape(input, "tile")
+    multiples = [int(m) for m in multiples]
+    if len(multiples) != len(dims) or builtins.min(multiples, default=1) < 1:
+        raise wb.ShapeError(f"tf.tile: multiples {multiples} must be one positive count per axis of {dims}")
+    out = input
+    for axis, times in enumerate(multiples):
+        if times > 1:
+            out = wb.concat([out] * times, axis=axis)
+    return out if name is None else wb.identity(out, name=name)
+
+
+def pad(tensor, paddings, mode="CONSTANT", name=None, constant_values=0):
+    """``tf.pad(tensor, paddings, mode="CONSTANT" | "REFLECT", constant_values=0)``."""
+    kind = str(mode).lower()
+    if kind not in ("constant", "reflect"):
+        raise UnsupportedError(f"tf.pad: mode {mode!r} is not supported; use 'CONSTANT' or 'REFLECT'")
+    pairs = [(int(a), int(b)) for a, b in np.asarray(paddings).reshape(-1, 2)]
+    return wb.pad(tensor, pairs, mode=kind, value=constant_values, name=name)
+
+
+def range(start, limit=None, delta=1, dtype=None, name="range"):  # noqa: A001 - TensorFlow's name
+    """A constant ``[start, start + delta, ...)`` below ``limit`` (``tf.range(n)`` counts from 0)."""
+    start, limit = (0, start) if limit is None else (start, limit)
+    values = np.arange(start, limit, delta)
+    if dtype is not None:
+        values = values.astype(as_dtype(dtype))
+    elif values.dtype == np.float64:
+        values = values.astype("float32")
+    return wb.constant(values, name=name)
+
+
+def reduce_logsumexp(input_tensor, axis=None, keepdims=None, name=None, reduction_indices=None, keep_dims=None):
+    """``log(sum(exp(x)))`` over ``axis``, computed from the maximum so that it does not overflow."""
+    axis = axis_arg(one_of(axis, reduction_indices, "axis", "reduction_indices"))
+    keepdims = builtins.bool(one_of(keepdims, keep_dims, "keepdims", "keep_dims"))
+    top = wb.stop_gradient(wb.max(input_tensor, axis=axis, keepdims=True))
+    total = wb.log(wb.sum(wb.exp(input_tensor - top), axis=axis, keepdims=True)) + top
+    if not keepdims:
+        total = wb.sum(total, axis=axis)  # drops the kept axes (each of size 1)
+    return total if name is None else wb.identity(total, name=name)
+
+
+def clip_by_norm(t, clip_norm, axes=None, name=None):
+    """``t`` scaled down so that its L2 norm (over ``axes``, default all) is at most ``clip_norm``."""
+    norm = wb.sqrt(wb.sum(wb.square(t), axis=axis_arg(axes), keepdims=True))
+    clipped = t * clip_norm / wb.maximum(norm, clip_norm)
+    return clipped if name is None else wb.identity(clipped, name=name)
+
+
+def logical_not(x, name=None):
+    return wb.equal(x, False, name=name)
+
+
+def logical_and(x, y, name=None):
+    """``x and y`` elementwise (bool tensors)."""
+    return wb.where(x, y, False, name=name)
+
+
+def logical_or(x, y, name=None):
+    """``x or y`` elementwise (bool tensors)."""
+    return wb.where(x, True, y, name=name)
+
+
+def no_op(name=None):
+    """An operation that does nothing (for ``tf.control_dependencies`` and ``sess.run``)."""
+    return wb.group(name=name or "NoOp")
+
+
 add, subtract, multiply, divide = wb.add, wb.subtract, wb.multiply, wb.divide
 div, truediv = wb.divide, wb.divide
 negative, maximum, minimum, pow, abs = wb.negative, wb.maximum, wb.minimum, wb.pow, wb.abs  # noqa: A001
@@ -345,6 +517,22 @@ class _Summary:
 
 
 summary = _Summary()
+
+string = _unsupported("string", "graphs hold numbers only; keep strings in Python")
+
+
+class _Metrics:
+    """``tf.metrics``: every function raises, pointing at the graph's own metrics and fit's History."""
+
+    def __getattr__(self, name):
+        return _unsupported(
+            f"metrics.{name}",
+            "streaming metrics are not graph state here: compute the batch's value (wb.accuracy, tf.reduce_mean of "
+            "tf.equal ...) and fit(validation=(data, k)) averages it over the held-out set",
+        )
+
+
+metrics = _Metrics()
 
 __all__ = [name for name in dir() if not name.startswith("_") and name not in ("annotations", "builtins", "np", "wb")]
 __all__ += ["Graph", "Operation", "Tensor", "Variable", "get_default_graph", "reset_default_graph", "set_random_seed"]

@@ -39,6 +39,77 @@ def relu6(features, name=None):
     return wb.minimum(wb.relu(features), 6.0, name=name)
 
 
+def leaky_relu(features, alpha=0.2, name=None):
+    """``max(features, alpha * features)`` (for ``0 <= alpha <= 1``)."""
+    return wb.maximum(features, wb.multiply(features, float(alpha)), name=name)
+
+
+def elu(features, name=None):
+    """``features`` where positive, ``exp(features) - 1`` elsewhere."""
+    return wb.where(wb.greater(features, 0.0), features, wb.exp(wb.minimum(features, 0.0)) - 1.0, name=name)
+
+
+def selu(features, name=None):
+    """The scaled ELU of Klambauer et al. (2017), TensorFlow's constants."""
+    alpha, scale = 1.6732632423543772, 1.0507009873554805
+    negative = wb.multiply(wb.exp(wb.minimum(features, 0.0)) - 1.0, alpha)
+    return wb.multiply(wb.where(wb.greater(features, 0.0), features, negative), scale, name=name)
+
+
+def softplus(features, name=None):
+    """``log(1 + exp(features))``, as ``max(x, 0) + log(1 + exp(-|x|))`` so that it does not overflow."""
+    return wb.add(wb.relu(features), wb.log(wb.exp(wb.negative(wb.abs(features))) + 1.0), name=name)
+
+
+def moments(x, axes, shift=None, name=None, keep_dims=None, keepdims=None):
+    """``(mean, variance)`` over ``axes``: :func:`workbench.moments`."""
+    keep = bool(keepdims if keep_dims is None else keep_dims)
+    return wb.moments(x, [int(a) for a in axes], keepdims=keep, name=name)
+
+
+def batch_normalization(x, mean, variance, offset, scale, variance_epsilon, name=None):
+    """``(x - mean) / sqrt(variance + variance_epsilon) * scale + offset`` (``offset``/``scale`` may be None)."""
+    y = (x - mean) * wb.rsqrt(variance + variance_epsilon)
+    if scale is not None:
+        y = y * scale
+    if offset is not None:
+        y = y + offset
+    return y if name is None else wb.identity(y, name=name)
+
+
+def embedding_lookup(params, ids, partition_strategy="mod", name=None, max_norm=None):
+    """The rows of ``params`` at ``ids`` (one table: a list of shards is not supported)."""
+    if isinstance(params, (list, tuple)):
+        if len(params) != 1:
+            raise ArgumentError("tf.nn.embedding_lookup: sharded tables (a list of params) are not supported")
+        params = params[0]
+    if max_norm is not None:
+        raise ArgumentError("tf.nn.embedding_lookup: max_norm is not supported")
+    return wb.gather(params, ids, name=name)
+
+
+def l2_normalize(x, axis=None, epsilon=1e-12, name=None, dim=None):
+    """``x / sqrt(max(sum(x ** 2, axis), epsilon))``."""
+    axis = dim if axis is None else axis
+    axis = None if axis is None else int(axis) if isinstance(axis, int) else tuple(int(a) for a in axis)
+    squares = wb.sum(wb.square(x), axis=axis, keepdims=True)
+    return wb.multiply(x, wb.rsqrt(wb.maximum(squares, float(epsilon))), name=name)
+
+
+def top_k(input, k=1, sorted=True, name=None):  # noqa: A002 - TensorFlow's names
+    """``(values, indices)`` of the ``k`` largest entries of the last axis, largest first."""
+    if not sorted:
+        raise ArgumentError("tf.nn.top_k: only sorted=True is supported")
+    return wb.top_k(input, int(k), name=name)
+
+
+def in_top_k(predictions, targets, k, name=None):
+    """Whether each row's target class is among the ``k`` largest predictions (ties broken by index)."""
+    _, indices = wb.top_k(predictions, int(k))
+    hits = wb.equal(indices, wb.expand_dims(wb.cast(targets, indices.dtype), -1))
+    return wb.greater(wb.sum(wb.cast(hits, "int32"), axis=-1), 0, name=name)
+
+
 def l2_loss(t, name=None):
     """``sum(t ** 2) / 2``."""
     return wb.multiply(wb.sum(t * t), 0.5, name=name)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
+
 from workbench import ops, optimizers
 from workbench.errors import ArgumentError
-from workbench.graph.core import Graph, Variable
+from workbench.graph.core import Graph, Variable, get_default_graph
 from workbench.tf1._common import unsupported
 
 
@@ -159,6 +161,42 @@ _USE_FIT = (
     "replicas=N, backup_replicas=B): the replicas, their placement and the gradient exchange are the fit's"
 )
 _NO_QUEUES = "feed NumPy arrays (sess.run(..., feed_dict=...)) or give sess.fit(train, data={...}) whole arrays (dask arrays on a cluster)"
+
+_OTHER_OPTIMIZERS = (
+    "workbench has SGD, Momentum (Nesterov too) and Adam: tf.train.GradientDescentOptimizer, MomentumOptimizer, "
+    "AdamOptimizer"
+)
+RMSPropOptimizer = unsupported("train.RMSPropOptimizer", _OTHER_OPTIMIZERS)
+AdagradOptimizer = unsupported("train.AdagradOptimizer", _OTHER_OPTIMIZERS)
+AdadeltaOptimizer = unsupported("train.AdadeltaOptimizer", _OTHER_OPTIMIZERS)
+FtrlOptimizer = unsupported("train.FtrlOptimizer", _OTHER_OPTIMIZERS)
+_NO_SCHEDULES = (
+    "learning rates are numbers here, not graph tensors: run fit() in segments with a new optimizer's rate, "
+    "or compute the rate in Python for each sess.run"
+)
+exponential_decay = unsupported("train.exponential_decay", _NO_SCHEDULES)
+piecewise_constant = unsupported("train.piecewise_constant", _NO_SCHEDULES)
+polynomial_decay = unsupported("train.polynomial_decay", _NO_SCHEDULES)
+
+
+def get_or_create_global_step(graph=None):
+    """The graph's ``global_step`` variable (int64, not trainable), made at its first use; pass it to
+    ``minimize(loss, global_step=...)`` to count updates."""
+    graph = graph or get_default_graph()
+    found = get_global_step(graph)
+    if found is not None:
+        return found
+    with graph.as_default():
+        return Variable(np.zeros((), dtype="int64"), name="global_step", trainable=False)
+
+
+def get_global_step(graph=None):
+    """The graph's ``global_step`` variable, or None."""
+    graph = graph or get_default_graph()
+    return next((v for v in graph.variables if v.name == "global_step"), None)
+
+
+create_global_step = get_or_create_global_step
 
 replica_device_setter = unsupported("train.replica_device_setter", _USE_FIT)
 ClusterSpec = unsupported("train.ClusterSpec", _USE_FIT)
