@@ -59,6 +59,29 @@ def test_dask_cli_cluster_trains_like_local(kit, cli_cluster):
     assert all(len(r["workers"]) == 2 for r in hist.records)
 
 
+def _user_sync(r):
+    r.apply({v: wb.all_reduce(g * r.weight) for v, g in r.gradients.items()})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("strategy", ["allreduce", _user_sync], ids=["built_in", "user_written"])
+def test_a_sync_strategy_function_on_the_dask_cli_cluster_trains_like_local(kit, cli_cluster, strategy):
+    """The built-in ``"allreduce"`` strategy function and one written by the user, on workers started
+    with ``dask worker``: the variables of local training (float64, 1e-9), the run on both workers."""
+    _, client = cli_cluster
+    m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
+    data = kit.blobs()
+    local = wb.Session(m["graph"], seed=SEED, cluster=False)
+    local.fit(m["train"], data, batch_size=32, steps=6)
+    function = wb.strategies.resolve(strategy) if isinstance(strategy, str) else strategy
+    remote = wb.Session(m["graph"], seed=SEED, cluster=client)
+    hist = remote.fit(m["train"], data, batch_size=32, steps=6, replicas=2, strategy=function)
+    kit.assert_same_variables(local.variables, remote.variables, rtol=1e-9)
+    assert all(r["replicas"] == 2 for r in hist.records)
+    remote.close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_configured_address_is_the_default(kit, cli_cluster):
