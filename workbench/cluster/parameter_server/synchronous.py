@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 from dask.task_spec import List, TaskRef
 
-from workbench.cluster.allreduce import step_delays
+from workbench.cluster.collective.allreduce import step_delays
 from workbench.cluster.failures import ClientStopped, check_client, restartable
 from workbench.cluster.health import StepDeadline
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key

@@ -1,10 +1,10 @@
 """The all-reduce strategy's driver: data-parallel training with worker-resident replicas.
 
 Each worker of the run keeps its own replica of the variables
-(:mod:`workbench.cluster.replica`); a step is ``R`` tasks, one pinned to each
+(:mod:`workbench.cluster.collective.replica`); a step is ``R`` tasks, one pinned to each
 worker, keyed like the model (``("mlp-allreduce", "12-r0", token)``). Each computes
 its shard's gradients, all-reduces them worker to worker
-(:mod:`workbench.cluster.collective`) and applies the optimizer to its own replica.
+(:mod:`workbench.cluster.collective.group`) and applies the optimizer to its own replica.
 No gradient or variable passes through a task result: the client gets small
 metrics, and at the steps it asks to sync, rank 0's copy of the variables.
 
@@ -37,7 +37,7 @@ from collections import deque
 
 import numpy as np
 
-from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.collective.group import CollectiveGroup
 from workbench.cluster.coordinated import Coordinated
 from workbench.cluster.failures import check_client, drop
 from workbench.cluster.failures import restartable as _restartable
@@ -45,10 +45,10 @@ from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.membership import Membership
 from workbench.cluster.program import TrainingProgram
-from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.collective.replica import run_step, start_replica, stop_replicas
 from workbench.cluster.resident import digests_soon
 from workbench.cluster.spans import Lanes, scheduler_now
-from workbench.cluster.stat_combine import combine_stats, stat_rules
+from workbench.cluster.collective.stat_combine import combine_stats, stat_rules
 from workbench.cluster.uninterrupted import results_whole, scatter_whole
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.fitloop import StepOutcome
@@ -209,7 +209,7 @@ class AllReduceEngine(Coordinated):
         self.started: list = []  # each member's start task
         self._transient = _restartable()
         self.stragglers = stragglers  # fit(stragglers=...): each rank's delay, drawn by (step, rank)
-        self.backups = 0  # fit(backup_replicas=b): see workbench.cluster.backup_engine
+        self.backups = 0  # fit(backup_replicas=b): see workbench.cluster.collective.backup_engine
         self.resident = resident  # the session's data on the workers, reused while unchanged (None: sent each launch)
 
     @classmethod
@@ -362,7 +362,7 @@ class AllReduceEngine(Coordinated):
     def _step_task(self, rank: int, args: tuple, sync: bool, stats_due: bool) -> tuple:
         """What rank ``rank`` runs for a step: the task function, its arguments (those of
         :func:`~workbench.cluster.lower.allreduce_calls`) and keywords. The hook an engine whose
-        members hold another kind of replica overrides (:mod:`workbench.cluster.strategy_engine`)."""
+        members hold another kind of replica overrides (:mod:`workbench.cluster.collective.strategy_engine`)."""
         return run_step, args, {"stats": stats_due}  # every replica on its shard; _outcome joins them
 
     # -- results and failures ---------------------------------------------------------------------
@@ -446,7 +446,7 @@ class AllReduceEngine(Coordinated):
         metrics["spans"] = self.lanes.step(step, results)
         stats = {}
         reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
-        if reported:  # the global batch's statistics (workbench.cluster.stat_combine)
+        if reported:  # the global batch's statistics (workbench.cluster.collective.stat_combine)
             if self._stat_rules is None:
                 self._stat_rules = self._join_rules()
             joined = combine_stats(
@@ -456,5 +456,5 @@ class AllReduceEngine(Coordinated):
         return StepOutcome(step, fetches, metrics, stats=stats)
 
     def _join_rules(self) -> list:
-        """How each statistic joins across the replicas (:func:`~workbench.cluster.stat_combine.stat_rules`)."""
+        """How each statistic joins across the replicas (:func:`~workbench.cluster.collective.stat_combine.stat_rules`)."""
         return stat_rules(self.program)

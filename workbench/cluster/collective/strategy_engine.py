@@ -2,10 +2,10 @@
 
 :func:`make` is what ``Session.fit(..., strategy=<a strategy function>)`` uses on a cluster session:
 the client builds the replica program once (:class:`~workbench.strategies.program.ReplicaProgram`),
-ships every variant it will need as graph JSON (:class:`~workbench.cluster.strategy_replica.StrategyProgram`),
-and :class:`StrategyEngine` runs it exactly as :class:`~workbench.cluster.allreduce.AllReduceEngine`
+ships every variant it will need as graph JSON (:class:`~workbench.cluster.collective.strategy_replica.StrategyProgram`),
+and :class:`StrategyEngine` runs it exactly as :class:`~workbench.cluster.collective.allreduce.AllReduceEngine`
 runs a training step (one pinned task per member and step, the same shards, windows, syncs, restarts),
-with the members' tasks of :mod:`workbench.cluster.strategy_replica`. The host copy of a sync is rank
+with the members' tasks of :mod:`workbench.cluster.collective.strategy_replica`. The host copy of a sync is rank
 0's state; :meth:`StrategyEngine.variables` gives the graph's variables of it.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.cluster import failures
-from workbench.cluster.allreduce import AllReduceEngine
-from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.collective.allreduce import AllReduceEngine
+from workbench.cluster.collective.group import CollectiveGroup
 from workbench.cluster.lower import allreduce_key
 from workbench.cluster.program import worker_device
-from workbench.cluster.stat_combine import graph_stat_rules, norm_variables
-from workbench.cluster.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
+from workbench.cluster.collective.stat_combine import graph_stat_rules, norm_variables
+from workbench.cluster.collective.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
 from workbench.errors import ClusterError
 from workbench.graph.batch_reduction import fetch_reduction, loss_reduction
 from workbench.strategies.program import ReplicaProgram
