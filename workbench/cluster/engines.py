@@ -75,7 +75,7 @@ def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> st
     chunked = sorted(name for name, value in request.data.items() if is_dask_array(value))
     if chunked:
         return f"it takes NumPy data, and {chunked} are dask arrays"
-    if request.device.kind != "cpu":
+    if not request.device.host_arrays:
         return f"it runs on CPU workers, and the session's device is {request.device.name!r}"
     workers = options.worker_count(client)
     if options.replicas is not None and options.replicas > workers:

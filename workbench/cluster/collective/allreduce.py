@@ -50,6 +50,7 @@ from workbench.cluster.resident import digests_soon
 from workbench.cluster.spans import Lanes, scheduler_now
 from workbench.cluster.collective.stat_combine import combine_stats, stat_rules
 from workbench.cluster.uninterrupted import results_whole, scatter_whole
+from workbench.devices import device_type
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.fitloop import StepOutcome
 from workbench.stragglers import coerce as check_stragglers
@@ -170,7 +171,7 @@ class AllReduceEngine(Coordinated):
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
         if window < 1:
             raise ClusterError(f"window must be at least 1, got {window}")
-        if program.device != "cpu":
+        if not device_type(program.device).host_arrays:  # its buckets and communicator take NumPy arrays
             raise ClusterError(
                 f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
                 "use strategy='parameter_server'"

@@ -193,7 +193,7 @@ def make(request, client, options, events, strategy):
 
     engine = failures.guard(None, client, request.data)
     with engine.translated():
-        if request.device.kind != "cpu":
+        if not request.device.host_arrays:
             raise ClusterError(f"strategy functions run on CPU workers for now, not {request.device.name!r}")
         failures.check_memory(client, request.data)
         client.register_plugin(ReuseFreedMemory())
