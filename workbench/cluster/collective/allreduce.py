@@ -266,7 +266,7 @@ class AllReduceEngine(Coordinated):
     # -- placing replicas (the members: see workbench.cluster.membership) -----------------------
     def _launch(self, members: list[str]) -> None:
         client = self.client
-        variables, step = self.host
+        step = self.host[1]
         self.generation += 1
         self.group = CollectiveGroup.create(
             client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
@@ -275,29 +275,39 @@ class AllReduceEngine(Coordinated):
         # broadcast data once no task waits for it, and the worker holding it may be the one that died);
         # the data through the session's copies, checked against the scheduler (_place_data)
         digests = self._digests()  # hashed while the variables go out
-        program, state = self._scatter([self.program, variables])
+        program, states = self._place_states(members)
         data = self._place_data(members, digests)
         token = self.group.token
         self.replicas = self.workers = len(members)
-        self.started = [
-            client.submit(
-                start_replica,
-                program,
-                state,
-                step,
-                self.group,
-                self.bucket_bytes,
-                *data[i],
-                lease=self.lease,
-                needed=self._needed(len(members)),
-                key=allreduce_key(self.name, "start", i, token),
-                workers=[w],
-                allow_other_workers=False,
-                priority=1 << 30,
-                pure=False,
+        self.started = []
+        for i, w in enumerate(members):
+            task, args, keywords = self._start_task(program, states[i], step, len(members))
+            self.started.append(
+                client.submit(
+                    task,
+                    *args,
+                    *data[i],
+                    **keywords,
+                    lease=self.lease,
+                    key=allreduce_key(self.name, "start", i, token),
+                    workers=[w],
+                    allow_other_workers=False,
+                    priority=1 << 30,
+                    pure=False,
+                )
             )
-            for i, w in enumerate(members)
-        ]
+
+    def _place_states(self, members: list[str]) -> tuple:
+        """The program on the new group's members, and each member's state to start from: here one copy
+        of the host's variables on every member."""
+        program, state = self._scatter([self.program, self.host[0]])
+        return program, [state] * len(members)
+
+    def _start_task(self, program, state, step: int, members: int) -> tuple:
+        """What a member runs to hold its replica: the task function, its arguments (before the member's
+        data sources) and keywords. The hook, with :meth:`_place_states` and :meth:`_step_task`, of an
+        engine whose members hold another kind of replica (:mod:`workbench.cluster.collective.strategy_engine`)."""
+        return start_replica, (program, state, step, self.group, self.bucket_bytes), {"needed": self._needed(members)}
 
     def _digests(self):
         """The feeds' content digests on their way (:func:`~workbench.cluster.resident.digests_soon`), or None
