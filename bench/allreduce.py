@@ -4,7 +4,7 @@
 
 For each size (float32; 4 KB, 512 KB and 7.46 MB by default, ``--sizes`` picks among
 4 KB, 512 KB, 1 MB, 7.46 MB and 32 MB; 7.46 MB is the MLP of bench/cluster.py), the median time of one
-in-place all-reduce (sum) of a flat array: workbench's :mod:`workbench.cluster.collective`
+in-place all-reduce (sum) of a flat array: workbench's :mod:`workbench.cluster.collective.group`
 on an embedded Dask cluster of 2 worker processes, and ``torch.distributed.all_reduce``
 with the gloo backend in 2 processes (``pip install torch``; benchmark only). Rounds of
 both are interleaved, so a noisy machine moves both alike; ``--rounds`` and ``--iters``
@@ -31,7 +31,7 @@ DEFAULT_SIZES = ("4 KB", "512 KB", "7.46 MB")
 
 def ours(group, nbytes: int, iters: int) -> list[float]:
     """On each rank: ``iters`` timed all-reduces (after one untimed, which also lines the ranks up)."""
-    from workbench.cluster.collective import communicator
+    from workbench.cluster.collective.group import communicator
 
     comm = communicator(group)
     flat = np.ones(nbytes // 4, dtype="float32")
@@ -112,7 +112,7 @@ def main() -> None:
     sizes = {name: SIZES[name] for name in args.sizes}
 
     import workbench as wb
-    from workbench.cluster.collective import CollectiveGroup
+    from workbench.cluster.collective.group import CollectiveGroup
 
     client = wb.cluster.connect("local", n_workers=2)
     client.wait_for_workers(2)

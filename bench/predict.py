@@ -4,7 +4,7 @@
 
 On an embedded Dask cluster of 4 worker processes (one thread each):
 
-1. the all-reduce (``workbench.cluster.collective``): latency and bandwidth fitted at 2 ranks,
+1. the all-reduce (``workbench.cluster.collective.group``): latency and bandwidth fitted at 2 ranks,
    then the predicted and measured time of one all-reduce at 3 and 4 ranks;
 2. training (``fit``, ``strategy="parameter_server"``, and ``"allreduce"`` when ``fit`` offers
    it): a profile from one worker only (its step, compute and update at the global batch, its

@@ -8,6 +8,22 @@ from workbench.errors import DeviceError
 from workbench.graph.device import CPU, Device
 
 
+def device_type(device: str) -> type:
+    """The class of the device that ``device`` names, not opened: what a device of that kind answers
+    for all its instances (``kind``, ``host_arrays``, ``worker_options``), with no CuPy imported.
+
+    >>> device_type("cpu").host_arrays, device_type("gpu:1").kind
+    (True, 'gpu')
+    """
+    if device == "cpu":
+        return CPU
+    if device.startswith("gpu"):
+        from workbench.gpu import GPU  # CuPy is imported only when a GPU is opened
+
+        return GPU
+    raise DeviceError(f"unknown device {device!r}; use 'cpu' or 'gpu'")
+
+
 def open_device(device: str | Device = "cpu", **options: Any) -> Device:
     """The device that ``device`` names, opened with ``options``; an opened Device passes through.
 
@@ -20,10 +36,5 @@ def open_device(device: str | Device = "cpu", **options: Any) -> Device:
         if options:
             raise DeviceError(f"options {sorted(options)} go with a device name, not an opened {device!r}")
         return device
-    if device == "cpu":
-        return CPU(**options)
-    if device.startswith("gpu"):
-        from workbench.gpu import GPU  # CuPy is imported only when a GPU is asked for
-
-        return GPU(device, **options)
-    raise DeviceError(f"unknown device {device!r}; use 'cpu' or 'gpu'")
+    opened = device_type(device)
+    return opened(**options) if opened is CPU else opened(device, **options)

@@ -98,7 +98,7 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
     )
     every = checkpoint_every or cluster["sync_every"]
     if function:  # the members run the strategy's replica program (rank 0 reports fit(stats=k))
-        from workbench.cluster import strategy_engine
+        from workbench.cluster.collective import strategy_engine
 
         return strategy_engine.make(request, session.client, options, session.events, strategy), every
     return make_engine(request, session.client, options, session.events), every

@@ -8,8 +8,8 @@ that the request's strategy makes:
   a step;
 - cluster engines (:mod:`workbench.cluster.engines`) run the steps on a Dask
   cluster: ``"allreduce"`` (the default) all-reduces gradients worker to worker
-  (:mod:`workbench.cluster.allreduce`), ``"parameter_server"`` is the task-graph
-  path of :mod:`workbench.cluster.fit`.
+  (:mod:`workbench.cluster.collective.allreduce`), ``"parameter_server"`` is the task-graph
+  path of :mod:`workbench.cluster.parameter_server.synchronous`.
 
 The loop owns what every engine shares: resuming from the newest checkpoint,
 the records of :class:`~workbench.training.History`, the typed events

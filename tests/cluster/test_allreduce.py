@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.cluster.allreduce import AllReduceEngine
+from workbench.cluster.collective.allreduce import AllReduceEngine
 from workbench.cluster.program import TrainingProgram
-from workbench.cluster.replica import held_variables
+from workbench.cluster.collective.replica import held_variables
 from workbench.testing import assert_close
 
 OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
@@ -174,7 +174,7 @@ def test_a_second_worker_dying_during_the_relaunch_costs_one_more_restart(fresh3
 
 
 def test_the_backup_engine_restarts_a_lost_step_from_the_last_sync(client3, kit, monkeypatch):
-    from workbench.cluster.backup_engine import BackupAllReduceEngine
+    from workbench.cluster.collective.backup_engine import BackupAllReduceEngine
 
     lost = []
     submit = BackupAllReduceEngine._submit

@@ -5,8 +5,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from workbench.cluster.array_stream import SMALL, ArrayStreams, frame_header
-from workbench.cluster.communicator import Mailbox
+from workbench.cluster.collective.array_stream import SMALL, ArrayStreams, frame_header
+from workbench.cluster.collective.communicator import Mailbox
 
 
 class BytesStream:

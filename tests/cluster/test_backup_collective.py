@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from workbench.cluster.backups import BackupRank
-from workbench.cluster.communicator import Communicator, Mailbox, tree_sum
+from workbench.cluster.collective.backups import BackupRank
+from workbench.cluster.collective.communicator import Communicator, Mailbox, tree_sum
 from workbench.errors import CollectiveError
 
 N = 1001  # elements of one gradient bucket (chunks of unequal length)

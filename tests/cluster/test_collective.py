@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.collective.group import CollectiveGroup, communicator
 from workbench.errors import ClusterError
 
 OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
@@ -91,7 +91,7 @@ def test_a_killed_peer_fails_the_others_in_bounded_time(client3):
 
 
 def streams_open(dask_worker=None):
-    from workbench.cluster.collective import NAME
+    from workbench.cluster.collective.group import NAME
 
     return dask_worker.extensions[NAME].streams.open_to()
 

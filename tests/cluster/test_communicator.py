@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from workbench.cluster.communicator import Communicator, Mailbox, chunk_bounds, tree_sum
+from workbench.cluster.collective.communicator import Communicator, Mailbox, chunk_bounds, tree_sum
 from workbench.errors import ClusterError
 
 
@@ -165,7 +165,7 @@ def test_messages_for_a_group_never_joined_are_dropped_after_a_while(loop):
 
 @pytest.mark.parametrize("size", [2, 3])
 def test_direct_pipelines_large_chunks_in_segments_with_the_same_bits(loop, size, monkeypatch):
-    import workbench.cluster.communicator as communicator
+    import workbench.cluster.collective.communicator as communicator
 
     monkeypatch.setattr(communicator, "SEGMENT", 64 << 10)  # 100 003 float64: chunks of 4-7 segments
     rng = np.random.default_rng(size)

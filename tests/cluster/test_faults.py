@@ -10,8 +10,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 import workbench as wb
-from workbench.cluster import fit as cluster_fit
-from workbench.cluster.allreduce import AllReduceEngine
+from workbench.cluster.parameter_server import synchronous as cluster_fit
+from workbench.cluster.collective.allreduce import AllReduceEngine
 from workbench.cluster.lower import parse_key
 
 OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds

@@ -11,9 +11,9 @@ import pytest
 from distributed import Client
 
 import workbench as wb
-from workbench.cluster.allreduce import AllReduceEngine
+from workbench.cluster.collective.allreduce import AllReduceEngine
 from workbench.cluster.program import TrainingProgram
-from workbench.cluster.replica import expired, held_runs
+from workbench.cluster.collective.replica import expired, held_runs
 
 OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.cluster.replica import held_runs
+from workbench.cluster.collective.replica import held_runs
 from workbench.events import FitInterrupted
 
 OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds

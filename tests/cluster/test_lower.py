@@ -252,7 +252,7 @@ def test_dropout_matches_local(kit, replicas):
 
 
 def test_the_allreduce_strategy_lowers_to_r_tasks_a_step_that_read_like_the_model(kit):
-    from workbench.cluster.replica import run_step, start_replica
+    from workbench.cluster.collective.replica import run_step, start_replica
 
     m = kit.mlp()
     data = kit.blobs()

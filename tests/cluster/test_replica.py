@@ -9,7 +9,7 @@ import pytest
 
 import workbench as wb
 from workbench.cluster.program import TrainingProgram
-from workbench.cluster.replica import plan_buckets
+from workbench.cluster.collective.replica import plan_buckets
 from workbench.graph.compile import compile_plan
 
 
@@ -45,7 +45,7 @@ def test_the_backward_pass_makes_the_last_layer_gradients_first_and_says_so(kit)
 def test_the_engine_names_what_it_cannot_train_on(kit):
     import dask.array as da
 
-    from workbench.cluster.allreduce import AllReduceEngine
+    from workbench.cluster.collective.allreduce import AllReduceEngine
 
     m = kit.mlp()
     data = kit.blobs()

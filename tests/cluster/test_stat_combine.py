@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from workbench.cluster.stat_combine import StatRule, combine_stats
+from workbench.cluster.collective.stat_combine import StatRule, combine_stats
 from workbench.graph.batch_reduction import Reduction
 
 

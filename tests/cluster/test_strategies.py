@@ -138,7 +138,7 @@ def test_an_unknown_name_on_a_cluster_lists_engines_and_strategies(kit, client):
 
 @pytest.mark.parametrize("strategy", [sync, wb.strategies.local_sgd(every=3)], ids=["user_sync", "local_sgd"])
 def test_a_lost_step_restarts_from_the_last_sync_with_every_ranks_state(kit, client, monkeypatch, strategy):
-    from workbench.cluster.strategy_engine import StrategyEngine
+    from workbench.cluster.collective.strategy_engine import StrategyEngine
 
     straight, _ = fit(kit, client, strategy, steps=16, replicas=2, sync_every=5)
     restarts = []
@@ -164,7 +164,7 @@ def test_a_lost_step_restarts_from_the_last_sync_with_every_ranks_state(kit, cli
 
 @pytest.mark.parametrize("strategy", [sync, "allreduce"], ids=["user_sync", "engine"])
 def test_a_member_that_leaves_as_the_run_restarts_is_one_more_restart(kit, client, monkeypatch, strategy):
-    from workbench.cluster import allreduce
+    from workbench.cluster.collective import allreduce
 
     straight, _ = fit(kit, client, strategy, steps=8, replicas=2, sync_every=4)
     lost, scatter = [], allreduce.scatter_whole

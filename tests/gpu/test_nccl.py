@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.collective.group import CollectiveGroup, communicator
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

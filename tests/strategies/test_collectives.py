@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.cluster.communicator import tree_sum
+from workbench.cluster.collective.communicator import tree_sum
 from workbench.graph.compile import compile_plan
 from workbench.ops import collective
 from workbench.simulation import InProcessGroup

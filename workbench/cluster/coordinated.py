@@ -2,14 +2,14 @@
 
 :class:`~workbench.cluster.sync.Coordinator` (plain code, tested without a cluster) decides what to
 submit, record, bring home, leave out and redo; :class:`Coordinated` carries its instructions out
-with an :class:`~workbench.cluster.allreduce.AllReduceEngine`'s methods (``_submit``, ``_gather``,
+with an :class:`~workbench.cluster.collective.allreduce.AllReduceEngine`'s methods (``_submit``, ``_gather``,
 ``_launch``, ``_drop``) and feeds it what happened: a step's results, a failure (with the members the
 scheduler stopped hearing from, :class:`~workbench.cluster.membership.Membership`). The coordinator
 runs with ``hold_at_sync=False``: the step tasks of a sync point bring its variables home with their
 results, so the window stays full across syncs.
 
 It is the all-reduce engine's ``run`` (``class AllReduceEngine(Coordinated)``), so the built-in
-engine and the strategy engine (:mod:`workbench.cluster.strategy_engine`) restart, choose members
+engine and the strategy engine (:mod:`workbench.cluster.collective.strategy_engine`) restart, choose members
 and keep their window in one place. :meth:`Coordinated._recover` serves an engine with a run loop
 of its own (the backup engine's): the same restart, carried out at once.
 """
@@ -26,7 +26,7 @@ from workbench.fitloop import StepOutcome
 
 
 class Coordinated:
-    """``run`` of :class:`~workbench.cluster.allreduce.AllReduceEngine` and its subclasses, driven by the coordinator."""
+    """``run`` of :class:`~workbench.cluster.collective.allreduce.AllReduceEngine` and its subclasses, driven by the coordinator."""
 
     def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
         """Run steps ``first..last``; yields one outcome per step, in order, each step once. A step where

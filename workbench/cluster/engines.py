@@ -11,13 +11,13 @@ Two come built in:
 
 - ``"allreduce"`` (the default): each step is one pinned task per worker that
   computes its shard's gradients, all-reduces them worker to worker and updates
-  its own replica of the variables (:mod:`workbench.cluster.allreduce`);
+  its own replica of the variables (:mod:`workbench.cluster.collective.allreduce`);
 - ``"parameter_server"``: each step is a task graph, replicas -> a fixed-order
-  reduction tree -> one update task (:mod:`workbench.cluster.fit`). What dask-array data,
+  reduction tree -> one update task (:mod:`workbench.cluster.parameter_server.synchronous`). What dask-array data,
   GPU workers and more replicas (backups included) than workers need.
 
 Both run ``fit(backup_replicas=b)`` (the all-reduce engine through
-:mod:`workbench.cluster.backup_engine`), and ``"async"`` is asynchronous SGD.
+:mod:`workbench.cluster.collective.backup_engine`), and ``"async"`` is asynchronous SGD.
 
 A strategy may also say which fits it cannot train (``limits``). When ``fit`` is
 not given a strategy and the default cannot train it, ``parameter_server`` does,
@@ -42,23 +42,23 @@ from workbench.training import is_dask_array
 
 
 def _parameter_server(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
-    from workbench.cluster.fit import ParameterServer
+    from workbench.cluster.parameter_server.synchronous import ParameterServer
 
     return ParameterServer(request, client, options, events)
 
 
 def _allreduce(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
-    from workbench.cluster.allreduce import AllReduceEngine
+    from workbench.cluster.collective.allreduce import AllReduceEngine
 
     if options.backup_replicas:  # R + b members, the first R gradients applied
-        from workbench.cluster.backup_engine import BackupAllReduceEngine
+        from workbench.cluster.collective.backup_engine import BackupAllReduceEngine
 
         return BackupAllReduceEngine.for_fit(request, client, options, events)
     return AllReduceEngine.for_fit(request, client, options, events)
 
 
 def _async(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
-    from workbench.cluster.asynchronous import AsyncEngine
+    from workbench.cluster.parameter_server.asynchronous import AsyncEngine
 
     return AsyncEngine(request, client, options, events)
 
@@ -75,7 +75,7 @@ def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> st
     chunked = sorted(name for name, value in request.data.items() if is_dask_array(value))
     if chunked:
         return f"it takes NumPy data, and {chunked} are dask arrays"
-    if request.device.kind != "cpu":
+    if not request.device.host_arrays:
         return f"it runs on CPU workers, and the session's device is {request.device.name!r}"
     workers = options.worker_count(client)
     if options.replicas is not None and options.replicas > workers:

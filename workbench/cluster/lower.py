@@ -16,7 +16,7 @@ concurrent runs apart.
 
 With ``strategy="allreduce"`` a step is ``R`` tasks, ``("mlp-allreduce-12-r0", token)``
 ...: each computes its shard's gradients, all-reduces them with its peers worker to
-worker and updates its worker's replica of the variables (:mod:`workbench.cluster.replica`).
+worker and updates its worker's replica of the variables (:mod:`workbench.cluster.collective.replica`).
 They depend on one start task per worker, ``("mlp-allreduce-start-r0", token)``, that
 places the replica, and not on each other: the engine pins them one per worker and orders
 them by priority. The lowered graph is that picture, to inspect; ``fit`` runs it.
@@ -40,7 +40,7 @@ from workbench.cluster.program import (
     replica_gradients,
     step_metrics,
 )
-from workbench.cluster.replica import run_step, start_replica
+from workbench.cluster.collective.replica import run_step, start_replica
 from workbench.errors import ClusterError
 from workbench.graph.core import Graph
 from workbench.ops.state import initial_value
@@ -256,7 +256,7 @@ def _allreduce_tasks(
     reduction: str = "mean",
 ) -> tuple[list, int]:
     """Add the all-reduce strategy's tasks of ``steps`` steps to ``dsk``; the per-step keys of rank 0 and R."""
-    from workbench.cluster.collective import CollectiveGroup
+    from workbench.cluster.collective.group import CollectiveGroup
 
     group = CollectiveGroup(token, tuple(f"rank-{i}" for i in range(replicas)))  # the engine's names the workers
     dsk[("group", token)] = DataNode(("group", token), group)

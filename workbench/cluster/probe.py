@@ -1,6 +1,6 @@
 """Timings of the cluster at hand, for the scaling model (:mod:`workbench.cluster.predict`).
 
-- :func:`measure_allreduce`, :func:`measure_link`: the worker-to-worker all-reduce (:mod:`workbench.cluster.collective`)
+- :func:`measure_allreduce`, :func:`measure_link`: the worker-to-worker all-reduce (:mod:`workbench.cluster.collective.group`)
   of a few message sizes between the cluster's workers, medians of several rounds, fitted to
   ``time = 2 (R - 1) latency + 2 (R - 1) / R x bytes / bandwidth``;
 - :func:`measure_hop`: a chain of dependent tiny tasks on one worker: seconds per
@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.collective.group import CollectiveGroup, communicator
 from workbench.errors import ClusterError
 
 SIZES = (16 << 10, 1 << 20, 4 << 20, 16 << 20)

@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from workbench.cluster.spans import task_mark
-from workbench.devices import open_device
-from workbench.errors import ClusterError
+from workbench.devices import device_type, open_device
+from workbench.errors import ClusterError, DeviceError
 from workbench.graph.compile import PlanCache, compile_plan
 from workbench.graph.batch_reduction import batch_reductions, fetch_reduction, join, loss_reduction, weighted
 from workbench.graph.core import Graph, Operation
@@ -218,27 +218,24 @@ def split_rule(graph: Graph, record, fetches, feeds) -> tuple[str, tuple]:
     return loss, tuple(reductions)
 
 
-WORKER_OPTIONS = ("memory_pool", "memory_limit", "fuse", "emulate")
-
-
 def worker_device(device: str, options: dict) -> tuple[str, tuple]:
     """What a program tells workers about the device: ``"cpu"`` or ``"gpu"``, and the options that apply there.
 
     Any ``"gpu:<i>"`` becomes ``"gpu"``: a worker's GPU is its own first visible one.
-    Options that only concern the client's session (``results``, ``cuda_graphs``) are left out.
+    Options that only concern the client's session (a GPU's ``results``, ``cuda_graphs``) are left out:
+    the device's ``worker_options`` say which apply.
     """
-    device = str(device)
-    if device == "cpu":
-        if options:
-            raise ClusterError(f"device 'cpu' takes no options, got {', '.join(sorted(options))}")
-        return "cpu", ()
-    if not device.startswith("gpu"):
-        raise ClusterError(f"unknown device {device!r} for workers; use 'cpu' or 'gpu'")
-    kept = {k: v for k, v in options.items() if k in WORKER_OPTIONS}
+    try:
+        kind = device_type(str(device))
+    except DeviceError:
+        raise ClusterError(f"unknown device {device!r} for workers; use 'cpu' or 'gpu'") from None
+    if options and not kind.worker_options:
+        raise ClusterError(f"device {kind.kind!r} takes no options, got {', '.join(sorted(options))}")
+    kept = {k: v for k, v in options.items() if k in kind.worker_options}
     odd = sorted(k for k, v in kept.items() if not isinstance(v, (str, int, float, bool, type(None))))
     if odd:
         raise ClusterError(f"device options {odd} must be plain values to reach the workers (a pool object cannot)")
-    return "gpu", tuple(sorted(kept.items()))
+    return kind.kind, tuple(sorted(kept.items()))
 
 
 _DEVICES: dict[tuple, Device] = {}

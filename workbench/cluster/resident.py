@@ -1,6 +1,6 @@
 """A session's NumPy data kept on its workers between fits, while their content is unchanged.
 
-The all-reduce family of engines (:mod:`workbench.cluster.allreduce`) gives every member its own copy
+The all-reduce family of engines (:mod:`workbench.cluster.collective.allreduce`) gives every member its own copy
 of each array of a fit's data. :class:`ResidentData` keeps those copies, one Dask future per
 ``(content digest, worker)``, so that a later fit of the same session on the same workers starts
 without sending them again. The digest is of the array's dtype, shape and bytes, not its identity:

@@ -1,8 +1,8 @@
 """The synchronous-SGD coordinator: what to submit, record, bring home, leave out or redo.
 
 Plain code driven by events, tested without a cluster (as Dask's own worker
-state machine is). A shell (:mod:`workbench.cluster.fit` for the parameter server,
-:mod:`workbench.cluster.strategy_engine` for strategy functions) feeds it what
+state machine is). A shell (:mod:`workbench.cluster.parameter_server.synchronous` for the parameter server,
+:mod:`workbench.cluster.collective.strategy_engine` for strategy functions) feeds it what
 happened (``step_done``, ``synced``, ``failed``) and carries out the
 instructions it returns:
 

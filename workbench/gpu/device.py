@@ -158,6 +158,11 @@ class GPU:
         unless ``capture`` is given a stand-in.
     """
 
+    kind = "gpu"
+    host_arrays = False  # emulated too: values go to the host through to_host, as on a GPU
+    #: What a cluster worker's GPU is opened with (``results`` and ``cuda_graphs`` concern the client's session).
+    worker_options = ("memory_pool", "memory_limit", "fuse", "emulate")
+
     def __init__(
         self,
         device: str = "gpu",
@@ -171,7 +176,7 @@ class GPU:
         self.index = parse_device(device)
         if results not in RESULTS:
             raise DeviceError(f"results must be one of {', '.join(RESULTS)}, got {results!r}")
-        self.name, self.kind = f"gpu:{self.index}", "gpu"
+        self.name = f"gpu:{self.index}"
         given = {
             "memory_pool": memory_pool,
             "memory_limit": memory_limit,
@@ -202,6 +207,11 @@ class GPU:
 
     def __repr__(self) -> str:
         return f"<GPU {self.index}{' (emulated on NumPy)' if self.emulated else ''}>"
+
+    @property
+    def device_arrays(self) -> bool:
+        """Whether the values it holds are CuPy arrays (not when emulated on NumPy)."""
+        return not self.emulated
 
     # -- plans -------------------------------------------------------------------------
     def rewrite(self, graph: Graph, fetches) -> Graph:

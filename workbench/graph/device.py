@@ -36,6 +36,16 @@ class Device(Protocol):
     fused_compilers : sequence of callables
         ``compiler(xp, program, arrays)`` returning a callable that computes a
         fused elementwise program in one kernel, or None (see :mod:`workbench.ops.fused`).
+    host_arrays : bool
+        Whether plans on it compute host (NumPy) arrays on its own code path, so that a value it
+        holds is the client's as it is (the CPU). A GPU's values go through :meth:`to_host`, an
+        emulated GPU's too: it runs a GPU's code path on NumPy.
+    device_arrays : bool
+        Whether the values it holds are in device memory (CuPy arrays), which a cluster's workers
+        send each other through distributed's CUDA serializers (not the CPU's, nor an emulated GPU's).
+    worker_options : tuple of str
+        The options a cluster worker's device of this kind is opened with, of those a session's
+        takes; the others concern only the client's session.
     """
 
     name: str
@@ -43,6 +53,9 @@ class Device(Protocol):
     options: dict
     xp: Any
     fused_compilers: Sequence[Callable]
+    host_arrays: bool
+    device_arrays: bool
+    worker_options: tuple
 
     def rewrite(self, graph, fetches: Sequence[str]):
         """The graph a plan for ``fetches`` runs on this device (a pure pass)."""
@@ -84,6 +97,9 @@ class CPU:
     kind = "cpu"
     xp = np
     fused_compilers: tuple = ()
+    host_arrays = True
+    device_arrays = False
+    worker_options: tuple = ()
 
     def __init__(self, **options: Any) -> None:
         if options:

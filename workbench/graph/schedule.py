@@ -9,7 +9,7 @@ that only feed a start (a strategy's ``g * r.weight``, a cast before a compresse
 with it, so a gradient's all-reduce starts during the backward pass rather than after it.
 
 With ``bucket_bytes``, consecutive starts of sum and mean all-reduces are **bucketed** as the
-all-reduce engine buckets gradients (:func:`workbench.cluster.replica.plan_buckets`): in the order
+all-reduce engine buckets gradients (:func:`workbench.cluster.collective.replica.plan_buckets`): in the order
 their inputs are made, a bucket of one dtype and reduction closes once it holds ``bucket_bytes``; it
 starts as one flat all-reduce where its last input is made, and each member's done takes its part.
 Sums are elementwise in the ranks' fixed order, so a bucket gives the bits of its members one by one.

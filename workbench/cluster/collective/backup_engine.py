@@ -2,7 +2,7 @@
 
 ``R + b`` members each train on a shard of their own (a step draws ``batch_size + b * (batch_size //
 R)`` rows, as the parameter-server path does); the first ``R`` gradients to arrive are applied, as
-their mean over the rows used, by every member (:mod:`workbench.cluster.backups`: rank 0's event loop
+their mean over the rows used, by every member (:mod:`workbench.cluster.collective.backups`: rank 0's event loop
 says who is in, those ``R`` reduce among themselves). The driver reports a step once the members whose gradients were used have finished it:
 a late member's task goes on by itself (it catches up by applying the update it was left out of),
 and the step's record waits for its arrival time only, never the training. Each record holds
@@ -24,11 +24,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from workbench.cluster.allreduce import AllReduceEngine, _outcome_fetches, step_delays
+from workbench.cluster.collective.allreduce import AllReduceEngine, _outcome_fetches, step_delays
 from workbench.cluster.health import scheduler_workers
 from workbench.cluster.lower import allreduce_key, key_label, shards
-from workbench.cluster.replica import peers_gone
-from workbench.cluster.stat_combine import combine_stats, stat_rules
+from workbench.cluster.collective.replica import peers_gone
+from workbench.cluster.collective.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, WorkbenchError
 from workbench.events import Synced
 from workbench.fitloop import StepOutcome
@@ -36,7 +36,7 @@ from workbench.training import batch_indices
 
 
 class BackupAllReduceEngine(AllReduceEngine):
-    """:class:`~workbench.cluster.allreduce.AllReduceEngine` over ``R + b`` members, applying ``R`` gradients a step."""
+    """:class:`~workbench.cluster.collective.allreduce.AllReduceEngine` over ``R + b`` members, applying ``R`` gradients a step."""
 
     @classmethod
     def for_fit(cls, request, client, options, events) -> BackupAllReduceEngine:
@@ -71,7 +71,7 @@ class BackupAllReduceEngine(AllReduceEngine):
 
     def _tell_gone(self, gone: set) -> None:
         """The members still there hear who left: a step that used a departed member's gradient and is
-        not committed yet is decided again without it (see :mod:`workbench.cluster.backups`)."""
+        not committed yet is decided again without it (see :mod:`workbench.cluster.collective.backups`)."""
         addresses = self.group.addresses
         ranks = sorted(addresses.index(a) for a in gone)
         members = [a for a in addresses if a not in gone and a not in self.left_out]
@@ -233,7 +233,7 @@ class BackupAllReduceEngine(AllReduceEngine):
 
     def _used_stats(self, results: list, used: list) -> dict:
         """fit(stats=k): the statistics of the rows the step applied, joined from the used members'
-        (:mod:`workbench.cluster.stat_combine`, shares over the rows used); none where a used member's
+        (:mod:`workbench.cluster.collective.stat_combine`, shares over the rows used); none where a used member's
         result was lost with its worker."""
         reported = [results[r] for r in used if results[r] is not None and "stats" in results[r]]
         if not reported or len(reported) < len(used):

@@ -204,7 +204,7 @@ class AsyncEngine:
 
     def _sync(self, step: int) -> None:
         state = self.state.result(timeout=self.deadline.seconds)
-        state = host_state(state) if self.program.device != "cpu" else state
+        state = state if self.request.device.host_arrays else host_state(state)
         self.host = ({**self.host[0], **{n: np.asarray(v) for n, v in state["variables"].items()}}, step)
         if self.events is not None:
             self.events.emit(Synced, step=step)

@@ -16,7 +16,7 @@ On the steps that report statistics every replica runs the statistic ops
   rank 0's shard value.
 
 The local fit on the same global batch gives the same statistics, up to the order of the sums.
-A strategy function's replicas (:mod:`workbench.cluster.strategy_replica`) report the same way; their
+A strategy function's replicas (:mod:`workbench.cluster.collective.strategy_replica`) report the same way; their
 ``grad_norm`` is of the sum over the replicas of ``r.weight * g`` (each replica's gradient at its own
 variables, all-reduced on those steps alone), the all-reduced gradient of ``"allreduce"``.
 """

@@ -1,9 +1,9 @@
 """The NCCL backend of a collective group: GPU workers reduce CuPy arrays device to device.
 
-Same interface as :class:`workbench.cluster.communicator.Communicator`
+Same interface as :class:`workbench.cluster.collective.communicator.Communicator`
 (``start(bucket, flat, scale) -> handle``, ``handle.wait(timeout)``, ``close()``),
 through ``cupy.cuda.nccl``. The unique id is made on rank 0 by a Dask task and
-handed to every rank inside the :class:`~workbench.cluster.collective.CollectiveGroup`;
+handed to every rank inside the :class:`~workbench.cluster.collective.group.CollectiveGroup`;
 there is no rendezvous of our own. Each communicator runs its reductions on its own
 CUDA stream, after the work already queued on the caller's stream, so the backward
 pass keeps the device busy while buckets are reduced. NCCL sums in an order fixed by

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import numpy as np
 from dask.task_spec import List, TaskRef
 
-from workbench.cluster.allreduce import step_delays
+from workbench.cluster.collective.allreduce import step_delays
 from workbench.cluster.failures import ClientStopped, check_client, restartable
 from workbench.cluster.health import StepDeadline
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
@@ -82,8 +82,7 @@ class ParameterServer:
 
     # -- the StepEngine seam ------------------------------------------------------------------
     def start(self, variables: dict, step: int) -> None:
-        options = dict(self.program.device_options)
-        if self.program.device == "gpu" and not options.get("emulate"):
+        if self.request.device.device_arrays:
             from workbench.cluster.transfers import DeviceTransfers
 
             self.client.register_plugin(DeviceTransfers())  # every worker can send CuPy arrays
@@ -323,7 +322,7 @@ class ParameterServer:
 
     def _fetch(self, update, step: int, whole: bool = False):
         """Step ``step``'s variables as host arrays (and the whole state with ``whole``)."""
-        if self.program.device != "cpu":  # the worker copies the variables off its GPU
+        if not self.request.device.host_arrays:  # the worker copies the variables off its GPU
             key = task_key(self.graph_name, "host", step, token=self.token)
             update = self.client.submit(host_state, update, key=key, pure=False)
         (state,) = results_whole([update], timeout=self.deadline.seconds)

@@ -6,7 +6,7 @@ due ``every`` blocks, :mod:`workbench.strategies.program`) as graph JSON, never 
 worker holds a :class:`StrategyReplica` (its own copy of every variable and slot), compiles each
 variant once through :func:`~workbench.graph.compile.compile_plan`, and runs its shard of a step
 with ``comm=`` a :class:`WorkerComm`: the collective ops' kernels call the worker's
-:class:`~workbench.cluster.communicator.Communicator`, whose sums are in the same fixed pairwise
+:class:`~workbench.cluster.collective.communicator.Communicator`, whose sums are in the same fixed pairwise
 order as the one-process simulation's, so the cluster and the simulation agree.
 
 The communicator reduces sums of flat arrays. ``all_reduce`` sum and mean go to it as they are (a
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.collective.group import CollectiveGroup, communicator
 from workbench.cluster.program import open_worker_device, take_rows
-from workbench.cluster.replica import _LOCK, _REPLICAS, _current_key, _watch_leases, leave_thread_pool
+from workbench.cluster.collective.replica import _LOCK, _REPLICAS, _current_key, _watch_leases, leave_thread_pool
 from workbench.cluster.spans import worker_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import weighted
@@ -61,7 +61,7 @@ class StrategyProgram:
     stats : tuple
         The model's statistic ops (``fit(stats=k)``): on the steps that report them, every rank also
         computes them on its shard, before the update, and the client joins them as the all-reduce
-        engine's (:mod:`workbench.cluster.stat_combine`).
+        engine's (:mod:`workbench.cluster.collective.stat_combine`).
     stat_norms : tuple of int
         For each of ``stats``: the index into ``stat_gradients`` of the gradient whose global-batch norm
         it reports (a ``grad_norm``), or -1.
@@ -194,7 +194,7 @@ class StrategyReplica:
         self.step, self.failed = step, None
         self.turn = threading.Condition()
         self.settling: list = []  # the last step's reductions, until the peers have read what this rank sent
-        # the lease (see workbench.cluster.replica.expired): held while the start task is wanted
+        # the lease (see workbench.cluster.collective.replica.expired): held while the start task is wanted
         self.start_key, self.lease, self.used, self._running = None, 0.0, time.monotonic(), False
         device = open_worker_device(program.device, program.device_options)
         inputs = dict(program.inputs)
@@ -357,7 +357,7 @@ def start_strategy_replica(
     program: StrategyProgram, variables: dict, step: int, group: CollectiveGroup, _bucket, *data, lease: float = 0.0
 ):
     """Make this worker's replica of ``group``'s run (dropping older generations of the same run); its
-    lease is the all-reduce engine's (see :func:`workbench.cluster.replica.start_replica`)."""
+    lease is the all-reduce engine's (see :func:`workbench.cluster.collective.replica.start_replica`)."""
     run = group.token.rsplit(".", 1)[0]
     replica = StrategyReplica(program, variables, step, group, data)
     replica.start_key, replica.lease = _current_key(), float(lease or 0.0)

@@ -3,7 +3,7 @@
 The pattern of Dask's P2P shuffle: a worker plugin registers handlers on every
 worker, and ranks send each other arrays over Dask's own comms (so TLS comes for
 free): one long-lived comm per peer, on which arrays travel as raw frames read
-straight into where they are used (:mod:`workbench.cluster.array_stream`); over a
+straight into where they are used (:mod:`workbench.cluster.collective.array_stream`); over a
 comm without a byte stream (UCX, in-process) as messages to ``workbench_collective``
 with the worker's pooled ``rpc``. NumPy arrays are never pickled.
 
@@ -21,7 +21,7 @@ data; a task on a member worker turns it into that rank's communicator::
     futures = [client.submit(task, group, x, workers=[a]) for a in group.addresses]
 
 With ``backend="nccl"`` (GPU workers, CuPy arrays) the same calls go through NCCL,
-its unique id made on rank 0 and handed out in the group (see :mod:`workbench.cluster.nccl`).
+its unique id made on rank 0 and handed out in the group (see :mod:`workbench.cluster.collective.nccl`).
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from distributed.comm import connect
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from workbench.cluster import array_stream
-from workbench.cluster.array_stream import ArrayStreams
-from workbench.cluster.communicator import Communicator, Mailbox
+from workbench.cluster.collective import array_stream
+from workbench.cluster.collective.array_stream import ArrayStreams
+from workbench.cluster.collective.communicator import Communicator, Mailbox
 from workbench.cluster.health import scheduler_workers
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.errors import ClusterError
@@ -60,7 +60,7 @@ class CollectiveGroup:
     timeout : float
         Seconds a rank waits for any one peer before :class:`ClusterError`.
     algorithm : {"auto", "direct", "ring", "gather"}
-        See :mod:`workbench.cluster.communicator`.
+        See :mod:`workbench.cluster.collective.communicator`.
     backend : {"dask", "nccl"}
     nccl_id : tuple
         NCCL's unique id (backend ``"nccl"`` only).
@@ -100,7 +100,7 @@ class CollectiveGroup:
         token = f"{run or uuid.uuid4().hex[:12]}-{uuid.uuid4().hex[:6]}.{int(generation)}"
         nccl_id: tuple = ()
         if backend == "nccl":
-            from workbench.cluster.nccl import unique_id
+            from workbench.cluster.collective.nccl import unique_id
 
             nccl_id = tuple(client.submit(unique_id, workers=[addresses[0]], pure=False).result(timeout=timeout))
         return cls(token, addresses, float(timeout), algorithm, backend, nccl_id)
@@ -181,7 +181,7 @@ class WorkerCollectives:
             raise ClusterError(f"worker {address} is not in collective {group.token!r} ({list(group.addresses)})")
         rank = group.addresses.index(address)
         if group.backend == "nccl":
-            from workbench.cluster.nccl import NcclCommunicator
+            from workbench.cluster.collective.nccl import NcclCommunicator
 
             found = NcclCommunicator(group.token, rank, group.addresses, group.nccl_id, group.timeout)
         else:

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workbench.cluster.collective import CollectiveGroup, communicator
+from workbench.cluster.collective.group import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
 from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
 from workbench.cluster.spans import injected_delay, worker_marks
-from workbench.cluster.stat_combine import gradient_norm_indices
+from workbench.cluster.collective.stat_combine import gradient_norm_indices
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import Reduction, weighted
 from workbench.graph.compile import compile_plan
@@ -147,7 +147,7 @@ class Replica:
         # backup replicas (fit(backup_replicas=b)): the first ``needed`` of the group's gradients are applied
         self.backup = None
         if needed is not None:
-            from workbench.cluster.backups import BackupRank
+            from workbench.cluster.collective.backups import BackupRank
 
             self.backup = BackupRank(self.comm, needed, step, len(self.buckets), program.loss_reduction == "mean")
         self._deferred = False
@@ -283,7 +283,7 @@ class Replica:
             self._settling = self._handles
         reduced, reduced_at = time.perf_counter(), time.time()
         marks.arrived("gradients", ready_wall)  # handed in (after a straggler's delay)
-        if reported is not None:  # the global batch's gradient norms (see workbench.cluster.stat_combine)
+        if reported is not None:  # the global batch's gradient norms (see workbench.cluster.collective.stat_combine)
             reported = [float(np.linalg.norm(self.views[i])) if i >= 0 else v for v, i in zip(reported, self.norm_of)]
         self.update.run([self.views[i] for i in self.update_order], checked)
         self.step = step

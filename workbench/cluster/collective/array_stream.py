@@ -10,7 +10,7 @@ one Dask message, and from then on writes frames straight to the comm's stream::
     <u32 length of the names> <u64 payload bytes> group \\0 key \\0 dtype   payload
 
 The receiver reads the payload straight into the array the receiving rank registered for the
-key (:meth:`~workbench.cluster.communicator.Mailbox.expect`), or into a fresh one: no copy
+key (:meth:`~workbench.cluster.collective.communicator.Mailbox.expect`), or into a fresh one: no copy
 between the socket's buffer and where the array is used. A frame whose payload is small goes
 out in one write with its header (one system call). No reply: once the stream has handed the
 payload to the socket the array is the sender's again, and a sum the peer sends back depends

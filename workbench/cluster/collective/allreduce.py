@@ -1,10 +1,10 @@
 """The all-reduce strategy's driver: data-parallel training with worker-resident replicas.
 
 Each worker of the run keeps its own replica of the variables
-(:mod:`workbench.cluster.replica`); a step is ``R`` tasks, one pinned to each
+(:mod:`workbench.cluster.collective.replica`); a step is ``R`` tasks, one pinned to each
 worker, keyed like the model (``("mlp-allreduce", "12-r0", token)``). Each computes
 its shard's gradients, all-reduces them worker to worker
-(:mod:`workbench.cluster.collective`) and applies the optimizer to its own replica.
+(:mod:`workbench.cluster.collective.group`) and applies the optimizer to its own replica.
 No gradient or variable passes through a task result: the client gets small
 metrics, and at the steps it asks to sync, rank 0's copy of the variables.
 
@@ -37,7 +37,7 @@ from collections import deque
 
 import numpy as np
 
-from workbench.cluster.collective import CollectiveGroup
+from workbench.cluster.collective.group import CollectiveGroup
 from workbench.cluster.coordinated import Coordinated
 from workbench.cluster.failures import check_client, drop
 from workbench.cluster.failures import restartable as _restartable
@@ -45,11 +45,12 @@ from workbench.cluster.health import StepDeadline, scheduler_workers
 from workbench.cluster.lower import allreduce_calls, allreduce_key, key_label
 from workbench.cluster.membership import Membership
 from workbench.cluster.program import TrainingProgram
-from workbench.cluster.replica import run_step, start_replica, stop_replicas
+from workbench.cluster.collective.replica import run_step, start_replica, stop_replicas
 from workbench.cluster.resident import digests_soon
 from workbench.cluster.spans import Lanes, scheduler_now
-from workbench.cluster.stat_combine import combine_stats, stat_rules
+from workbench.cluster.collective.stat_combine import combine_stats, stat_rules
 from workbench.cluster.uninterrupted import results_whole, scatter_whole
+from workbench.devices import device_type
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.fitloop import StepOutcome
 from workbench.stragglers import coerce as check_stragglers
@@ -170,7 +171,7 @@ class AllReduceEngine(Coordinated):
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
         if window < 1:
             raise ClusterError(f"window must be at least 1, got {window}")
-        if program.device != "cpu":
+        if not device_type(program.device).host_arrays:  # its buckets and communicator take NumPy arrays
             raise ClusterError(
                 f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
                 "use strategy='parameter_server'"
@@ -209,7 +210,7 @@ class AllReduceEngine(Coordinated):
         self.started: list = []  # each member's start task
         self._transient = _restartable()
         self.stragglers = stragglers  # fit(stragglers=...): each rank's delay, drawn by (step, rank)
-        self.backups = 0  # fit(backup_replicas=b): see workbench.cluster.backup_engine
+        self.backups = 0  # fit(backup_replicas=b): see workbench.cluster.collective.backup_engine
         self.resident = resident  # the session's data on the workers, reused while unchanged (None: sent each launch)
 
     @classmethod
@@ -265,7 +266,7 @@ class AllReduceEngine(Coordinated):
     # -- placing replicas (the members: see workbench.cluster.membership) -----------------------
     def _launch(self, members: list[str]) -> None:
         client = self.client
-        variables, step = self.host
+        step = self.host[1]
         self.generation += 1
         self.group = CollectiveGroup.create(
             client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
@@ -274,29 +275,39 @@ class AllReduceEngine(Coordinated):
         # broadcast data once no task waits for it, and the worker holding it may be the one that died);
         # the data through the session's copies, checked against the scheduler (_place_data)
         digests = self._digests()  # hashed while the variables go out
-        program, state = self._scatter([self.program, variables])
+        program, states = self._place_states(members)
         data = self._place_data(members, digests)
         token = self.group.token
         self.replicas = self.workers = len(members)
-        self.started = [
-            client.submit(
-                start_replica,
-                program,
-                state,
-                step,
-                self.group,
-                self.bucket_bytes,
-                *data[i],
-                lease=self.lease,
-                needed=self._needed(len(members)),
-                key=allreduce_key(self.name, "start", i, token),
-                workers=[w],
-                allow_other_workers=False,
-                priority=1 << 30,
-                pure=False,
+        self.started = []
+        for i, w in enumerate(members):
+            task, args, keywords = self._start_task(program, states[i], step, len(members))
+            self.started.append(
+                client.submit(
+                    task,
+                    *args,
+                    *data[i],
+                    **keywords,
+                    lease=self.lease,
+                    key=allreduce_key(self.name, "start", i, token),
+                    workers=[w],
+                    allow_other_workers=False,
+                    priority=1 << 30,
+                    pure=False,
+                )
             )
-            for i, w in enumerate(members)
-        ]
+
+    def _place_states(self, members: list[str]) -> tuple:
+        """The program on the new group's members, and each member's state to start from: here one copy
+        of the host's variables on every member."""
+        program, state = self._scatter([self.program, self.host[0]])
+        return program, [state] * len(members)
+
+    def _start_task(self, program, state, step: int, members: int) -> tuple:
+        """What a member runs to hold its replica: the task function, its arguments (before the member's
+        data sources) and keywords. The hook, with :meth:`_place_states` and :meth:`_step_task`, of an
+        engine whose members hold another kind of replica (:mod:`workbench.cluster.collective.strategy_engine`)."""
+        return start_replica, (program, state, step, self.group, self.bucket_bytes), {"needed": self._needed(members)}
 
     def _digests(self):
         """The feeds' content digests on their way (:func:`~workbench.cluster.resident.digests_soon`), or None
@@ -362,7 +373,7 @@ class AllReduceEngine(Coordinated):
     def _step_task(self, rank: int, args: tuple, sync: bool, stats_due: bool) -> tuple:
         """What rank ``rank`` runs for a step: the task function, its arguments (those of
         :func:`~workbench.cluster.lower.allreduce_calls`) and keywords. The hook an engine whose
-        members hold another kind of replica overrides (:mod:`workbench.cluster.strategy_engine`)."""
+        members hold another kind of replica overrides (:mod:`workbench.cluster.collective.strategy_engine`)."""
         return run_step, args, {"stats": stats_due}  # every replica on its shard; _outcome joins them
 
     # -- results and failures ---------------------------------------------------------------------
@@ -446,7 +457,7 @@ class AllReduceEngine(Coordinated):
         metrics["spans"] = self.lanes.step(step, results)
         stats = {}
         reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
-        if reported:  # the global batch's statistics (workbench.cluster.stat_combine)
+        if reported:  # the global batch's statistics (workbench.cluster.collective.stat_combine)
             if self._stat_rules is None:
                 self._stat_rules = self._join_rules()
             joined = combine_stats(
@@ -456,5 +467,5 @@ class AllReduceEngine(Coordinated):
         return StepOutcome(step, fetches, metrics, stats=stats)
 
     def _join_rules(self) -> list:
-        """How each statistic joins across the replicas (:func:`~workbench.cluster.stat_combine.stat_rules`)."""
+        """How each statistic joins across the replicas (:func:`~workbench.cluster.collective.stat_combine.stat_rules`)."""
         return stat_rules(self.program)

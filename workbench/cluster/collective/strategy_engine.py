@@ -2,10 +2,10 @@
 
 :func:`make` is what ``Session.fit(..., strategy=<a strategy function>)`` uses on a cluster session:
 the client builds the replica program once (:class:`~workbench.strategies.program.ReplicaProgram`),
-ships every variant it will need as graph JSON (:class:`~workbench.cluster.strategy_replica.StrategyProgram`),
-and :class:`StrategyEngine` runs it exactly as :class:`~workbench.cluster.allreduce.AllReduceEngine`
+ships every variant it will need as graph JSON (:class:`~workbench.cluster.collective.strategy_replica.StrategyProgram`),
+and :class:`StrategyEngine` runs it exactly as :class:`~workbench.cluster.collective.allreduce.AllReduceEngine`
 runs a training step (one pinned task per member and step, the same shards, windows, syncs, restarts),
-with the members' tasks of :mod:`workbench.cluster.strategy_replica`. The host copy of a sync is rank
+with the members' tasks of :mod:`workbench.cluster.collective.strategy_replica`. The host copy of a sync is rank
 0's state; :meth:`StrategyEngine.variables` gives the graph's variables of it.
 """
 
@@ -14,12 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.cluster import failures
-from workbench.cluster.allreduce import AllReduceEngine
-from workbench.cluster.collective import CollectiveGroup
-from workbench.cluster.lower import allreduce_key
+from workbench.cluster.collective.allreduce import AllReduceEngine
 from workbench.cluster.program import worker_device
-from workbench.cluster.stat_combine import graph_stat_rules, norm_variables
-from workbench.cluster.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
+from workbench.cluster.collective.stat_combine import graph_stat_rules, norm_variables
+from workbench.cluster.collective.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
 from workbench.errors import ClusterError
 from workbench.graph.batch_reduction import fetch_reduction, loss_reduction
 from workbench.strategies.program import ReplicaProgram
@@ -142,41 +140,16 @@ class StrategyEngine(AllReduceEngine):
         outcome.metrics["collectives"] = max(r["collectives"] for r in results)
         return outcome
 
-    def _launch(self, members: list[str]) -> None:
-        client = self.client
-        _, step = self.host
-        states = self._states(step)
+    def _place_states(self, members: list[str]) -> tuple:
+        """The program on every member, and each rank's own state on its member only."""
+        states = self._states(self.host[1])
         if len(states) != len(members):  # fewer workers after a restart: every replica from rank 0's state
             states = [states[0]] * len(members)
-        self.generation += 1
-        self.group = CollectiveGroup.create(
-            client, members, run=self.run_id, generation=self.generation, timeout=self.timeout, algorithm=self.algorithm
-        )
-        digests = self._digests()  # hashed while the program goes out
         (program,) = self._scatter([self.program])
-        data = self._place_data(members, digests)
-        token = self.group.token
-        self.replicas = self.workers = len(members)
-        self.started = []
-        for i, worker in enumerate(members):
-            (state,) = self._scatter([states[i]], [worker])
-            self.started.append(
-                client.submit(
-                    start_strategy_replica,
-                    program,
-                    state,
-                    step,
-                    self.group,
-                    0,
-                    *data[i],
-                    lease=self.lease,
-                    key=allreduce_key(self.name, "start", i, token),
-                    workers=[worker],
-                    allow_other_workers=False,
-                    priority=1 << 30,
-                    pure=False,
-                )
-            )
+        return program, [self._scatter([state], [worker])[0] for state, worker in zip(states, members, strict=True)]
+
+    def _start_task(self, program, state, step: int, members: int) -> tuple:
+        return start_strategy_replica, (program, state, step, self.group, 0), {}
 
     def _step_task(self, rank: int, args: tuple, sync: bool, stats_due: bool) -> tuple:
         """Every rank brings its state home at a sync (not rank 0 alone): replicas may differ between
@@ -193,7 +166,7 @@ def make(request, client, options, events, strategy):
 
     engine = failures.guard(None, client, request.data)
     with engine.translated():
-        if request.device.kind != "cpu":
+        if not request.device.host_arrays:
             raise ClusterError(f"strategy functions run on CPU workers for now, not {request.device.name!r}")
         failures.check_memory(client, request.data)
         client.register_plugin(ReuseFreedMemory())

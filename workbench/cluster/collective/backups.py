@@ -16,7 +16,7 @@ group's mailbox:
 2. **reduce-scatter among the used ranks** ``u_0 < ... < u_{R-1}``: chunk ``j`` of every bucket
    belongs to ``u_j``; each used rank sends ``u_j`` its piece ``j`` (its gradient, already multiplied
    by its shard's rows on the way into the bucket), ``u_j`` sums the ``R`` pieces in the fixed
-   pairwise order of the ranks (:func:`~workbench.cluster.communicator.tree_sum`: elementwise the
+   pairwise order of the ranks (:func:`~workbench.cluster.collective.communicator.tree_sum`: elementwise the
    very sum of whole gradients in that order, so the same bits), scales it by ``1 / rows used`` (the
    mean over the rows used) and sends the summed chunk to every other rank, the dropped ones too;
 3. every rank holding all ``R`` summed chunks applies them: the same update everywhere (a dropped
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from workbench.cluster.communicator import chunk_bounds, tree_sum
+from workbench.cluster.collective.communicator import chunk_bounds, tree_sum
 from workbench.errors import CollectiveError
 
 #: The arbiter stops once no replica handed a step in for this many group timeouts (the fit ended).
