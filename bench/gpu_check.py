@@ -316,8 +316,10 @@ def check_graph_replay(env, report, X, Y, sizes) -> bool:
     print(f"CUDA graph replay, 6 steps: loss rel err {loss_err:.2e}, weights rel err {weight_err:.2e} (bound {bound:.0e}); "
           f"{replays} replays (expected {'0 in a dry run' if env.dry else 3}) -> {'ok' if passed else 'FAIL'}")  # fmt: skip
     for plan_graphs in graphs.device.plan_graphs():  # why a plan was or was not captured
-        print(f"  plan of {len(plan_graphs.plan.steps)} steps: obstacle {plan_graphs.obstacle!r}, "
-              f"signatures ready {len(plan_graphs.ready)}, captures {plan_graphs.captures}, replays {plan_graphs.replays}")
+        print(
+            f"  plan of {len(plan_graphs.plan.steps)} steps: obstacle {plan_graphs.obstacle!r}, "
+            f"signatures ready {len(plan_graphs.ready)}, captures {plan_graphs.captures}, replays {plan_graphs.replays}"
+        )
         fresh = [n for n in plan_graphs.names if plan_graphs.plan.state.get(n) is None]
         if fresh:
             print(f"  variables missing from the state: {fresh}")
@@ -335,7 +337,9 @@ def check_codegen(env, report) -> bool:
     sess.run(train, {"x": np.zeros((8, 32), np.float32), "y": np.zeros(8, np.int64)})
     (plan,) = sess.plans.values()
     ops_ = [op for op in plan.step_ops if op.type == "fused_elementwise"]
-    missing = [op.name for op in ops_ if codegen.kernel_source(op.attrs["program"], [t.dtype for t in op.inputs]) is None]
+    missing = [
+        op.name for op in ops_ if codegen.kernel_source(op.attrs["program"], [t.dtype for t in op.inputs]) is None
+    ]
     compiled = None if env.dry else sess.device.kernels.compiled
     print(f"fused programs in an Adam MLP step: {len(ops_)}, without CUDA source: {missing or 'none'}"
           + ("" if compiled is None else f", ElementwiseKernels built so far: {compiled}"))  # fmt: skip
@@ -362,7 +366,11 @@ def measure_ceilings(env, report, dry):
     torch = env.torch
     if torch is not None:
         dev = env.torch_device
-        for label, dtype, tf32 in (("fp32", torch.float32, False), ("tf32", torch.float32, True), ("bf16", torch.bfloat16, False)):
+        for label, dtype, tf32 in (
+            ("fp32", torch.float32, False),
+            ("tf32", torch.float32, True),
+            ("bf16", torch.bfloat16, False),
+        ):
             if dev == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = tf32
             ta = torch.randn(n, n, device=dev, dtype=dtype)
@@ -470,8 +478,10 @@ def bench_host_overhead(env, report):
 
         row["torch_us"] = env.time(torch_step, repeats=5, number=100) * 1e6
         row["ratio"] = row["torch_us"] / row["workbench_us"]
-    print(f"captured step: {row['captured_us']:8.1f} us/step, {row['captured_host_us']:6.1f} us of host time "
-          f"({row['captured_replays']} replays)")
+    print(
+        f"captured step: {row['captured_us']:8.1f} us/step, {row['captured_host_us']:6.1f} us of host time "
+        f"({row['captured_replays']} replays)"
+    )
     print(f"workbench {row['workbench_us']:8.1f} us/step, {len(plan)} kernel calls, {row['us_per_call']:5.1f} us/call, "
           f"{row['vector_kernel_calls_per_step']:.1f} vectorized fused calls/step; "
           f"torch {row.get('torch_us', float('nan')):8.1f} us/step; torch/workbench {row.get('ratio', float('nan')):.2f}")  # fmt: skip
@@ -540,7 +550,8 @@ def bench_mlp(env, report, dry, limit):
 
             row["torch"] = 1 / env.time(lambda: step(tx, ty), number=20)
             row["torch_host_feeds"] = 1 / env.time(
-                lambda: step(px.to(env.torch_device, non_blocking=True), py.to(env.torch_device, non_blocking=True)), number=20
+                lambda: step(px.to(env.torch_device, non_blocking=True), py.to(env.torch_device, non_blocking=True)),
+                number=20,
             )
             row["ratio"] = row["workbench"] / row["torch"]
         rows.append(row)
@@ -552,10 +563,14 @@ def bench_mlp(env, report, dry, limit):
                      "workbench_no_graphs": 1 / env.time(lambda: mixed_plain.run(train16, {"x": dx, "y": dy}), number=20),
                      "graph_replays": mixed.device.graph_replays})  # fmt: skip
         rows[-1]["vs_float32"] = rows[-1]["workbench"] / row["workbench"]
-        print(f"batch {batch}: float16 compute {rows[-1]['vs_float32']:.2f}x float32; bfloat16: not run "
-              "(CuPy arrays have no bfloat16 dtype; the generator writes bfloat16 kernels, see gpu/codegen.py)")
+        print(
+            f"batch {batch}: float16 compute {rows[-1]['vs_float32']:.2f}x float32; bfloat16: not run "
+            "(CuPy arrays have no bfloat16 dtype; the generator writes bfloat16 kernels, see gpu/codegen.py)"
+        )
     rows += bench_cnn(env, dry, limit)
-    print("wb steps/s: CUDA graph replay on (device feeds), on (host feeds), off (device feeds); replays: graph launches")
+    print(
+        "wb steps/s: CUDA graph replay on (device feeds), on (host feeds), off (device feeds); replays: graph launches"
+    )
     print(f"{'model':28s} {'batch':>6s} {'wb steps/s':>11s} {'(host feeds)':>12s} {'(no graphs)':>11s} {'replays':>8s} "
           f"{'torch':>9s} {'(host)':>9s} {'ratio':>6s}")  # fmt: skip
     nan = float("nan")
@@ -577,7 +592,9 @@ def cnn_graph(channels, classes, size):
         h = wb.relu(wb.conv2d(h, wb.variable("c2", shape=(32, 16, 3, 3), init="he_uniform"), padding="same"))
         h = wb.max_pool2d(h, 2)
         h = wb.reshape(h, (-1, 32 * (size // 4) ** 2))
-        logits = wb.matmul(h, wb.variable("w", shape=(32 * (size // 4) ** 2, classes))) + wb.variable("b", shape=(classes,), init="zeros")
+        logits = wb.matmul(h, wb.variable("w", shape=(32 * (size // 4) ** 2, classes))) + wb.variable(
+            "b", shape=(classes,), init="zeros"
+        )
         loss = wb.mean(wb.softmax_cross_entropy(logits, y))
         train = wb.optimizers.Adam(1e-3).minimize(loss)
     return g, train
@@ -652,7 +669,9 @@ def verdicts(report):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="NumPy in place of CuPy, tiny sizes (no GPU needed)")
-    parser.add_argument("--time-limit", type=float, default=240.0, help="skip the remaining timings after this many seconds")
+    parser.add_argument(
+        "--time-limit", type=float, default=240.0, help="skip the remaining timings after this many seconds"
+    )
     parser.add_argument("--json", help="also write the report as JSON to this file")
     args = parser.parse_args(argv)
     dry = args.dry_run or os.environ.get("WB_GPU_CHECK_DRY") == "1"

@@ -154,8 +154,12 @@ class Check:
                         fetches=[loss], replicas=2, sync_every=10, callback=done.append)  # fmt: skip
         killer.join(5)
         steps = self.args.steps
-        self.expect(bool(killed_at) and killed_at[0] < steps, f"killed mid-training (after step {killed_at[:1]} of {steps})")
-        self.expect([r["step"] for r in hist.records] == list(range(1, steps + 1)), "every step recorded once, in order")
+        self.expect(
+            bool(killed_at) and killed_at[0] < steps, f"killed mid-training (after step {killed_at[:1]} of {steps})"
+        )
+        self.expect(
+            [r["step"] for r in hist.records] == list(range(1, steps + 1)), "every step recorded once, in order"
+        )
         error = rel_error(sess.variables, expected)
         self.expect(error <= KILL_BOUND, f"variables as without the kill: {error:.2e} <= {KILL_BOUND:.0e} "
                                          f"(restarts from steps {restarts})")  # fmt: skip

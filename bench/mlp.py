@@ -109,7 +109,9 @@ class TorchMLP:
     """The same model in PyTorch eager: nn.Linear layers, F.cross_entropy, optim.SGD."""
 
     def __init__(self, params: dict[str, np.ndarray]):
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in ((INPUTS, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, CLASSES)))
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Linear(a, b) for a, b in ((INPUTS, HIDDEN), (HIDDEN, HIDDEN), (HIDDEN, CLASSES))
+        )
         with torch.no_grad():
             for i, layer in enumerate(self.layers, start=1):
                 layer.weight.copy_(torch.from_numpy(params[f"w{i}"].T.copy()))

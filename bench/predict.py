@@ -75,9 +75,13 @@ def link_table(client, workers, repeats: int) -> None:
           f"{link['bandwidth'] / 1e9:.2f} GB/s per worker\n")  # fmt: skip
     print("| ranks | bytes | predicted ms | measured ms | error |\n|---:|---:|---:|---:|---:|")
     for ranks in (3, 4):
-        for size, seconds in probe.measure_allreduce(client, workers[:ranks], sizes=(1 << 20, 4 << 20, 16 << 20), repeats=repeats):
+        for size, seconds in probe.measure_allreduce(
+            client, workers[:ranks], sizes=(1 << 20, 4 << 20, 16 << 20), repeats=repeats
+        ):
             predicted = model.allreduce_seconds(size, ranks, fitted) * max(1.0, ranks / cores)  # ranks share the cores
-            print(f"| {ranks} | {size >> 20} MiB | {predicted * 1e3:.1f} | {seconds * 1e3:.1f} | {predicted / seconds - 1:+.0%} |")
+            print(
+                f"| {ranks} | {size >> 20} MiB | {predicted * 1e3:.1f} | {seconds * 1e3:.1f} | {predicted / seconds - 1:+.0%} |"
+            )
 
 
 def training_table(client, workers, name, sizes, batch, counts, strategy, rounds, count) -> None:
@@ -105,11 +109,15 @@ def training_table(client, workers, name, sizes, batch, counts, strategy, rounds
           f"update {profile.update_seconds * 1e3:.2f} ms, overhead {profile.overhead * 1e3:.2f} ms, hop {profile.hop * 1e3:.2f} ms, "
           f"{profile.task_seconds * 1e3:.2f} ms a task, {shared.cores:g} cores shared, "
           f"{profile.model_bytes / 1e6:.2f} MB of gradients\n")  # fmt: skip
-    print("| workers | predicted s/step | measured s/step | error | predicted E | measured E |\n|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| workers | predicted s/step | measured s/step | error | predicted E | measured E |\n|---:|---:|---:|---:|---:|---:|"
+    )
     for k in [1, *counts]:
         step, p = statistics.median(measured[k]), predicted[k]
-        print(f"| {k} | {p['step_seconds']:.4f} | {step:.4f} | {p['step_seconds'] / step - 1:+.0%} | "
-              f"{predicted[1]['step_seconds'] / p['step_seconds'] / k:.2f} | {one / step / k:.2f} |")
+        print(
+            f"| {k} | {p['step_seconds']:.4f} | {step:.4f} | {p['step_seconds'] / step - 1:+.0%} | "
+            f"{predicted[1]['step_seconds'] / p['step_seconds'] / k:.2f} | {one / step / k:.2f} |"
+        )
 
 
 def seed_table() -> None:
@@ -117,7 +125,9 @@ def seed_table() -> None:
     print("| link | strategy | 8 | 32 | 100 | speedup at 100 |\n|:---|:---|---:|---:|---:|---:|")
     for link in ("10gbe", "infiniband", "nvlink"):
         for strategy in model.STRATEGIES:
-            rows = model.predict(model.seed_case(), [8, 32, 100], [strategy], model.Assumptions(link=link, batch="per_replica"))
+            rows = model.predict(
+                model.seed_case(), [8, 32, 100], [strategy], model.Assumptions(link=link, batch="per_replica")
+            )
             spec = model.LINKS[link]
             print(f"| {spec.name} ({spec.bandwidth / 1e9:g} GB/s, {spec.latency * 1e6:g} µs a message) | {strategy} | " + " | ".join(f"{r['efficiency']:.0%}" for r in rows)
                   + f" | {rows[-1]['speedup']:.0f}x |")  # fmt: skip

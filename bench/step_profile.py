@@ -70,8 +70,12 @@ def main():
             compute, update = plain.result()
             row["plain compute"].append(compute)
             row["plain update"].append(update)
-    print(f"2 workers x 1 thread; MLP {'-'.join(map(str, SIZES))} float32 SGD; medians of {rounds} rounds x {steps} steps\n")
-    print("| global batch | step ms | compute ms | reduce wait ms | update ms | plain compute ms | plain update ms | compute / plain |")
+    print(
+        f"2 workers x 1 thread; MLP {'-'.join(map(str, SIZES))} float32 SGD; medians of {rounds} rounds x {steps} steps\n"
+    )
+    print(
+        "| global batch | step ms | compute ms | reduce wait ms | update ms | plain compute ms | plain update ms | compute / plain |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch in batches:
         m = {k: statistics.median(v) * 1e3 for k, v in got[batch].items()}
