@@ -119,9 +119,9 @@ class Check:
         return dist_vars
 
     def workers_on_gpu(self) -> None:
-        from workbench.cluster import program
+        from workbench.cluster import worker_plans
 
-        seen = self.client.run(lambda: sorted(repr(d) for d in program.opened_devices() if d.kind == "gpu"))
+        seen = self.client.run(lambda: sorted(repr(d) for d in worker_plans.opened_devices() if d.kind == "gpu"))
         sends = self.client.run(lambda dask_worker: getattr(dask_worker, "workbench_device_transfers", "n/a (NumPy)"))
         print(f"  workers ran on: {seen}; CuPy arrays sent by {sorted(set(sends.values()))}", flush=True)
         on_gpu = all(s and all(("emulated" in r) == self.args.dry_run for r in s) for s in seen.values())

@@ -27,7 +27,7 @@ from cluster import SIZES, data, mlp  # noqa: E402  (bench/, the script's folder
 
 def plain_step(program, variables, rows, repeats):
     """In a worker: the shard's gradients and the update, as plain plan runs (medians, seconds)."""
-    from workbench.cluster.program import WorkerPlans
+    from workbench.cluster.worker_plans import WorkerPlans
 
     plans = WorkerPlans(program)
     plans.replica_state.update(variables)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.cluster import program as cluster_program
+from workbench.cluster import worker_plans
 from workbench.cluster.program import TrainingProgram, host_state, to_host
 
 OWN_CLUSTER = True  # its tests kill, stop or close workers, or count what the cluster holds
@@ -55,11 +55,11 @@ def test_device_options_that_cannot_reach_workers_are_refused(kit):
 def test_workers_compile_fused_plans_on_the_gpu_namespace(kit):
     m = kit.mlp()
     program = TrainingProgram.from_graph(m["graph"], m["train"], device="gpu", device_options={"emulate": True})
-    compiled = cluster_program.compiled(program)
-    assert compiled.device.kind == "gpu" and compiled.device.emulated and cluster_program.compiled(program) is compiled
+    compiled = worker_plans.compiled(program)
+    assert compiled.device.kind == "gpu" and compiled.device.emulated and worker_plans.compiled(program) is compiled
     update_ops = {op.type for op in compiled.update.graph.operations}
     assert "fused_elementwise" in update_ops  # the Adam update, as a local GPU session fuses it
-    plain = cluster_program.compiled(TrainingProgram.from_graph(m["graph"], m["train"]))
+    plain = worker_plans.compiled(TrainingProgram.from_graph(m["graph"], m["train"]))
     assert plain.device.kind == "cpu" and "fused_elementwise" not in {op.type for op in plain.update.graph.operations}
 
 

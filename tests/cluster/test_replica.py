@@ -9,7 +9,7 @@ import pytest
 
 import workbench as wb
 from workbench.cluster.program import TrainingProgram
-from workbench.cluster.collective.replica import plan_buckets
+from workbench.cluster.worker_plans import plan_buckets
 from workbench.graph.compile import compile_plan
 
 

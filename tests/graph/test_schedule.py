@@ -113,7 +113,7 @@ def test_buckets_follow_the_backward_pass_and_close_at_the_size_like_the_engines
     assert not [op.name for op in entries if op.name.startswith("allreduce/multiply")]
     # the engine's rule: gradients in the order the backward pass makes them, a bucket closes once
     # it holds bucket_bytes: [b2, w2, b1, w1] then [b0, w0]
-    from workbench.cluster.collective.replica import plan_buckets
+    from workbench.cluster.worker_plans import plan_buckets
 
     shapes = [(10,), (300, 10), (300,), (300, 300), (300,), (200, 300)]
     engine = plan_buckets(range(6), shapes, ["float32"] * 6, 300 * 300 * 4)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from workbench.cluster.program import open_worker_device, worker_device
+from workbench.cluster.program import worker_device
+from workbench.cluster.worker_plans import open_worker_device
 from workbench.errors import FeedError, GraphError
 from workbench.graph.compile import PlanCache, compile_plan
 from workbench.graph.core import Graph, Tensor

@@ -23,17 +23,15 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from workbench.cluster.spans import task_mark
-from workbench.devices import device_type, open_device
+from workbench.cluster.worker_plans import compiled
+from workbench.devices import device_type
 from workbench.errors import ClusterError, DeviceError
-from workbench.graph.compile import PlanCache, compile_plan
 from workbench.graph.batch_reduction import batch_reductions, fetch_reduction, join, loss_reduction, weighted
 from workbench.graph.core import Graph, Operation
-from workbench.graph.device import Device
 from workbench.graph.passes import bind_placeholders, optimize
 
 
@@ -236,55 +234,6 @@ def worker_device(device: str, options: dict) -> tuple[str, tuple]:
     if odd:
         raise ClusterError(f"device options {odd} must be plain values to reach the workers (a pool object cannot)")
     return kind.kind, tuple(sorted(kept.items()))
-
-
-_DEVICES: dict[tuple, Device] = {}
-
-
-def open_worker_device(kind: str, options: tuple) -> Device:
-    """This process's device of ``kind`` (``"cpu"`` or ``"gpu"``) with ``options``, opened once."""
-    key = (kind, options)
-    found = _DEVICES.get(key)
-    if found is None:
-        found = _DEVICES[key] = open_device(kind, **dict(options))
-    return found
-
-
-def opened_devices() -> list[Device]:
-    """The devices this process opened for programs."""
-    return list(_DEVICES.values())
-
-
-class WorkerPlans:
-    """The two plans of a program in one worker process, each with its own state dict,
-    compiled for the worker's device (fused on a GPU, as a local GPU session's are)."""
-
-    def __init__(self, program: TrainingProgram):
-        self.device = device = open_worker_device(program.device, program.device_options)
-        self.replica_state: dict[str, Any] = {}
-        self.update_state: dict[str, Any] = {}
-        replica = Graph.from_json(program.replica_json)
-        fetches = [*program.gradients, *program.fetches]
-        shipped = {"seed": program.seed, "optimized": True}  # the client pruned and optimized both graphs
-        self.replica = compile_plan(replica, fetches, program.feeds, device, state=self.replica_state, **shipped)
-        update = Graph.from_json(program.update_json)
-        trains = [program.train]
-        self.update = compile_plan(update, trains, program.gradient_ops, device, state=self.update_state, **shipped)
-        self.update_order = [program.gradient_ops.index(n) for n in self.update.feed_names]
-
-    def variables(self, state: dict, names) -> dict:
-        """``state``'s variables ``names`` on this device (a sync or restart scatters host arrays)."""
-        variables, put = state["variables"], self.device.put
-        return {n: put(variables[n]) for n in names}
-
-
-#: The compiled plans of the programs this process has run, by digest.
-PLANS = PlanCache(maxsize=16)
-
-
-def compiled(program: TrainingProgram) -> WorkerPlans:
-    """The plans of ``program`` in this process (compiled the first time)."""
-    return PLANS.get(program.digest, lambda: WorkerPlans(program))
 
 
 def _worker_address() -> str:

@@ -26,183 +26,17 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from workbench.cluster.collective.group import CollectiveGroup, communicator
 from workbench.cluster.malloc import reuse_freed_memory
-from workbench.cluster.program import TrainingProgram, open_worker_device, take_rows
+from workbench.cluster.program import TrainingProgram, take_rows
 from workbench.cluster.spans import injected_delay, worker_marks
 from workbench.cluster.collective.stat_combine import gradient_norm_indices
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import Reduction, weighted
-from workbench.graph.compile import compile_plan
-from workbench.graph.core import Graph
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """Gradients reduced together: their indices (in the program's order), offsets and shapes."""
-
-    gradients: tuple
-    offsets: tuple  # (start, stop) of each gradient in the flat buffer
-    shapes: tuple
-    dtype: str
-    size: int
-
-
-def plan_buckets(order: list[int], shapes: list[tuple], dtypes: list[str], bucket_bytes: int) -> list[Bucket]:
-    """Gradients in ``order`` (when the backward pass makes them) cut into buckets of about ``bucket_bytes``.
-
-    A bucket closes when it reaches the size or when the dtype changes (a bucket is one flat array).
-    """
-    buckets, current, dtype = [], [], None
-
-    def close():
-        if current:
-            offsets, start = [], 0
-            for i in current:
-                n = int(np.prod(shapes[i], dtype=np.int64))
-                offsets.append((start, start + n))
-                start += n
-            buckets.append(Bucket(tuple(current), tuple(offsets), tuple(shapes[i] for i in current), dtype, start))
-            current.clear()
-
-    size = 0
-    for i in order:
-        if dtypes[i] != dtype or size >= bucket_bytes:
-            close()
-            dtype, size = dtypes[i], 0
-        current.append(i)
-        size += int(np.prod(shapes[i], dtype=np.int64)) * np.dtype(dtypes[i]).itemsize
-    close()
-    return buckets
-
-
-class ReplicaPlans:
-    """What a replica compiles from its program, and the arrays those plans are bound to: its variables
-    (the optimizer writes into them in place), the forward pass's state and the flat gradient buckets.
-
-    A replica's plans outlive it: when its run ends cleanly they go back to :data:`WARM`, and the next
-    replica of the same program on this worker (a later fit of the same session, or of another) takes
-    them and copies its starting variables into their arrays instead of parsing and compiling again.
-    """
-
-    def __init__(self, program: TrainingProgram, variables: dict, bucket_bytes: int):
-        self.key = (program.digest, int(bucket_bytes))
-        self.owner = None  # the Replica using these plans now
-        device = open_worker_device(program.device, program.device_options)
-        shipped = {"seed": program.seed, "optimized": True}  # the client pruned and optimized both graphs
-        n = len(program.gradients)
-        self.variables = {name: np.array(v, copy=True) for name, v in variables.items()}
-        self.forward_state: dict = {}
-        replica = Graph.from_json(program.replica_json)
-        self.forward = compile_plan(
-            replica, [*program.gradients, *program.fetches], program.feeds, device, state=self.forward_state, **shipped
-        )
-        # on the steps that report the model's statistics (fit(stats=k)): the same step, plus those ops
-        self.forward_stats = (
-            compile_plan(
-                replica,
-                [*program.gradients, *program.fetches, *program.stats],
-                program.feeds,
-                device,
-                state=self.forward_state,
-                **shipped,
-            )
-            if program.stats
-            else None
-        )
-        # the optimizer writes into these variables (own_state): no fresh arrays per step
-        self.update = compile_plan(
-            Graph.from_json(program.update_json),
-            [program.train],
-            program.gradient_ops,
-            device,
-            state=self.variables,
-            own_state=True,
-            **shipped,
-        )
-        self.update_order = [program.gradient_ops.index(name) for name in self.update.feed_names]
-        self.feed_order = [program.feeds.index(name) for name in self.forward.feed_names]
-        self._layout(program, [str(replica.get(g).dtype) for g in program.gradients], bucket_bytes)
-        self.forward.watch(range(n), self._produced)
-        if self.forward_stats is not None:
-            self.forward_stats.watch(range(n), self._produced)
-
-    def _layout(self, program: TrainingProgram, dtypes: list[str], bucket_bytes: int) -> None:
-        """Buckets in the order the backward pass makes the gradients, and each gradient's view into its bucket."""
-        n = len(program.gradients)
-        shapes = [tuple(self.variables[v].shape) for v in program.gradient_variables]
-        made = self.forward.producers()[:n]
-        order = sorted(range(n), key=made.__getitem__)
-        self.buckets = plan_buckets(order, shapes, dtypes, bucket_bytes)
-        self.flats = [np.empty(b.size, dtype=b.dtype) for b in self.buckets]  # reused every step
-        self.views: list = [None] * n
-        self.bucket_of = [0] * n
-        for b, bucket in enumerate(self.buckets):
-            for i, (start, stop), shape in zip(bucket.gradients, bucket.offsets, bucket.shapes):
-                self.views[i] = self.flats[b][start:stop].reshape(shape)
-                self.bucket_of[i] = b
-
-    def _produced(self, i: int, value) -> None:
-        self.owner._produced(i, value)
-
-    def fits(self, variables: dict) -> bool:
-        """Whether ``variables`` are the names, shapes and dtypes these plans were made for."""
-        return variables.keys() == self.variables.keys() and all(
-            np.shape(v) == self.variables[n].shape and np.asarray(v).dtype == self.variables[n].dtype
-            for n, v in variables.items()
-        )
-
-    def load(self, variables: dict) -> None:
-        """Start from ``variables``: copied into the arrays the plans are bound to."""
-        for name, value in variables.items():
-            np.copyto(self.variables[name], value)
-        self.forward_state.clear()
-
-
-class WarmPlans:
-    """The plans of replicas whose runs ended cleanly on this worker, by (program digest, bucket size):
-    the ``maxsize`` most recent sets (each holds about two copies of its model's variables)."""
-
-    def __init__(self, maxsize: int = 2):
-        self.maxsize = maxsize
-        self._free: list[ReplicaPlans] = []  # oldest first
-        self._lock = threading.Lock()
-        self.compiled = self.reused = 0  # counts, for tests and benchmarks
-
-    def take(self, program: TrainingProgram, variables: dict, bucket_bytes: int) -> ReplicaPlans:
-        """Plans for a new replica of ``program`` starting from ``variables``: warm ones if any fit."""
-        key = (program.digest, int(bucket_bytes))
-        with self._lock:
-            for k, plans in enumerate(reversed(self._free)):
-                if plans.key == key and plans.fits(variables):
-                    del self._free[len(self._free) - 1 - k]
-                    self.reused += 1
-                    break
-            else:
-                plans = None
-                self.compiled += 1
-        if plans is None:
-            return ReplicaPlans(program, variables, bucket_bytes)
-        plans.load(variables)
-        return plans
-
-    def give_back(self, plans: ReplicaPlans) -> None:
-        plans.owner = None
-        with self._lock:
-            self._free.append(plans)
-            del self._free[: max(0, len(self._free) - self.maxsize)]
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-
-
-#: This worker's warm plans (see :class:`ReplicaPlans`).
-WARM = WarmPlans()
+from workbench.cluster.worker_plans import WARM
 
 
 class Replica:
@@ -233,7 +67,7 @@ class Replica:
         self.turn = threading.Condition()
         self._settling: list = []  # the last step's all-reduces, until peers have read what they sent
         # this replica's own arrays: its plans', warm from an earlier run of the same program if one ended here
-        self.plans = plans = WARM.take(program, variables, bucket_bytes)
+        self.plans = plans = WARM.replica(program, variables, bucket_bytes)
         plans.owner = self
         self.variables, self.forward_state = plans.variables, plans.forward_state
         self.forward, self.forward_stats, self.update = plans.forward, plans.forward_stats, plans.update

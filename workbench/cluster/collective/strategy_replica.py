@@ -4,7 +4,7 @@ worker-to-worker communicator.
 The client ships a :class:`StrategyProgram`: each variant of the replica's program (one per set of
 due ``every`` blocks, :mod:`workbench.strategies.program`) as graph JSON, never code. Each member
 worker holds a :class:`StrategyReplica` (its own copy of every variable and slot), compiles each
-variant once through :func:`~workbench.graph.compile.compile_plan`, and runs its shard of a step
+variant once (:class:`~workbench.cluster.worker_plans.StrategyPlans`, kept warm between fits), and runs its shard of a step
 with ``comm=`` a :class:`WorkerComm`: the collective ops' kernels call the worker's
 :class:`~workbench.cluster.collective.communicator.Communicator`, whose sums are in the same fixed pairwise
 order as the one-process simulation's, so the cluster and the simulation agree.
@@ -25,15 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from workbench.cluster.collective.group import CollectiveGroup, communicator
-from workbench.cluster.program import open_worker_device, take_rows
+from workbench.cluster.program import take_rows
+from workbench.cluster.worker_plans import WARM
 from workbench.cluster.collective.replica import _LOCK, _REPLICAS, _current_key, _watch_leases, leave_thread_pool
 from workbench.cluster.spans import worker_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import weighted
-from workbench.graph.compile import compile_plan
-from workbench.graph.core import Graph
 from workbench.graph.schedule import BUCKET_BYTES
-from workbench.strategies.program import UPDATE
 
 
 @dataclass(frozen=True)
@@ -190,34 +188,18 @@ class StrategyReplica:
     def __init__(self, program: StrategyProgram, variables: dict, step: int, group: CollectiveGroup, data=()):
         self.program, self.group, self.data = program, group, tuple(data)
         self.comm = communicator(group)
-        self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}
-        self.step, self.failed = step, None
+        self.step, self.failed, self.closed = step, None, False
         self.turn = threading.Condition()
         self.settling: list = []  # the last step's reductions, until the peers have read what this rank sent
         # the lease (see workbench.cluster.collective.replica.expired): held while the start task is wanted
         self.start_key, self.lease, self.used, self._running = None, 0.0, time.monotonic(), False
-        device = open_worker_device(program.device, program.device_options)
-        inputs = dict(program.inputs)
-        fed = [*program.feeds, *inputs.values()]
-        self.plans, self.stats_plans = {}, {}
-        for due, text in program.variants:
-            graph = Graph.from_json(text)
-            self.plans[tuple(due)] = self._compile(graph, [UPDATE, *program.fetches], fed, device)
-            if program.stats:  # the steps that report the model's statistics
-                fetched = [UPDATE, *program.fetches, *program.stats, *program.stat_gradients]
-                self.stats_plans[tuple(due)] = self._compile(graph, fetched, fed, device)
-
-    def _compile(self, graph: Graph, fetches: list, fed: list, device):
-        program = self.program
-        return compile_plan(
-            graph,
-            fetches,
-            fed,
-            device,
-            state=self.variables,
-            seed=program.seed,
-            own_state=True,
-            bucket_bytes=program.bucket_bytes,
+        # its variables and slots, and a plan per variant bound to them: warm from an earlier run of the program
+        self.compiled = WARM.strategy(program, variables)
+        self.compiled.owner = self
+        self.variables, self.plans, self.stats_plans = (
+            self.compiled.variables,
+            self.compiled.plans,
+            self.compiled.stats_plans,
         )
 
     def run(
@@ -233,7 +215,8 @@ class StrategyReplica:
     ) -> dict:
         """Step ``step`` on the shard ``rows``; ``reduce``: the all-reduce engine's ``(weight, scale)`` of
         this rank (:func:`~workbench.cluster.lower.allreduce_calls`), for the gradient norms of ``stats``."""
-        self.used, self._running = time.monotonic(), True
+        with self.turn:  # under the lock close() reads it with: a closed replica's plans are never run
+            self.used, self._running = time.monotonic(), True
         try:
             return self._run_in_turn(step, rows, offset, fetch_weight, sync, stats, delay, reduce)
         finally:
@@ -347,7 +330,18 @@ class StrategyReplica:
         return out
 
     def close(self) -> None:
+        """End this replica: a step not yet begun fails at once; the plans go back to
+        :data:`~workbench.cluster.worker_plans.WARM` unless a step is running or failed."""
+        with self.turn:
+            if self.closed:
+                return
+            self.closed = True
+            reusable = not self._running and self.failed is None
+            self.failed = self.failed or "its run ended (the replica was closed)"
+            self.turn.notify_all()
         self.comm.close()
+        if reusable:
+            WARM.give_back(self.compiled)
 
 
 # -- the task functions ------------------------------------------------------------------------
