@@ -147,7 +147,7 @@ def _global_moments(x, reduced):
     engine's weighting of replica ``s``'s gradient by ``w_s`` then cancels exactly.
     """
     mean, var = norm.moments(x, reduced)
-    count = _count(x, reduced)
+    count = _count(x, reduced, mean.dtype)
     total = ops.cross_replica_sum(count)
     global_mean = ops.cross_replica_sum(mean * count) / total
     shift = mean - global_mean
@@ -168,11 +168,12 @@ def _moving_updates(graph, y, training, momentum, count, means, variances):
         graph.updates[update.op.name] = y.name
 
 
-def _count(x, reduced) -> Tensor:
-    """How many values each statistic is taken over (with the batch size known only at run time)."""
+def _count(x, reduced, dtype: str) -> Tensor:
+    """How many values each statistic is taken over (with the batch size known only at run time), in
+    ``dtype``: the moments' (float32 under float16 mixed precision, where a count may pass float16's range)."""
     known = [x.shape[i] for i in reduced]
     if all(d is not None for d in known):
-        return ops.constant(float(math.prod(known)), dtype=x.dtype)
+        return ops.constant(float(math.prod(known)), dtype=dtype)
     # one value per position of the unknown axes (a thin slice of x), times the known sizes
     thin = x[tuple(slice(None) if d is None else slice(0, 1) for d in x.shape)]
     known_product = float(math.prod(d for d in known if d is not None))
