@@ -64,6 +64,22 @@ def test_batch_norm_trains_on_workers_as_locally_in_float64(digits, cluster, str
     assert not np.allclose(sess.variables["batch_norm/moving_variance"], 1.0)  # moved by the global moments
 
 
+def test_a_strategy_function_with_batch_norm_equals_the_simulation(digits, client3):
+    # local SGD: the replicas' weights part between syncs, their batch norms still share the global moments
+    model = conv_bn_net()
+    runs = {}
+    for where in (client3, False):
+        sess = wb.Session(model["graph"], seed=3, cluster=where)
+        history = sess.fit(model["train"], digits, batch_size=BATCH, steps=STEPS, fetches={"loss": model["loss"]},
+                           replicas=3, strategy=wb.strategies.local_sgd(every=2))  # fmt: skip
+        runs[where is False] = sess.variables, history
+    (on_cluster, ch), (simulated, sh) = runs[False], runs[True]
+    for name, value in simulated.items():
+        assert_close(on_cluster[name], value, rtol=1e-9, err_msg=name)
+    np.testing.assert_allclose(ch["loss"], sh["loss"], rtol=1e-9)
+    assert ch["collectives"].tolist() == sh["collectives"].tolist()
+
+
 @pytest.mark.parametrize("cluster", ["client", "client3"])
 def test_the_moving_statistics_are_the_global_batchs_moments(cluster, request):
     client = request.getfixturevalue(cluster)
