@@ -135,7 +135,7 @@ def _global_moments(x, reduced):
     """The mean, (biased) variance and count of ``x`` over the axes ``reduced`` of the *global* batch.
 
     Each replica takes its shard's count ``n_r``, mean ``m_r`` and variance ``v_r``; the replicas
-    add up ``n_r``, ``n_r m_r`` and then ``n_r (v_r + (m_r - m)^2)`` with ``cross_replica_sum``
+    add up ``n_r`` and ``n_r m_r`` (one sum), then ``n_r (v_r + (m_r - m)^2)`` with ``cross_replica_sum``
     (Chan et al.'s combination of centred sums, stabler than sums of squares), in the collective's
     fixed rank order, so every replica gets the same bits. Shards may be unequal. Outside a
     replicated fit the sums are the identity and these are the batch's own moments.
@@ -148,8 +148,9 @@ def _global_moments(x, reduced):
     """
     mean, var = norm.moments(x, reduced)
     count = _count(x, reduced, mean.dtype)
-    total = ops.cross_replica_sum(count)
-    global_mean = ops.cross_replica_sum(mean * count) / total
+    sums = ops.cross_replica_sum(ops.concat([ops.reshape(count, (1,)), mean * count]))  # one collective for both
+    total = sums[0]
+    global_mean = sums[1:] / total
     shift = mean - global_mean
     global_var = ops.cross_replica_sum((var + shift * shift) * count) / total
     return global_mean, global_var, total
