@@ -81,7 +81,7 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
     if not function and forward_collectives(request.graph):
         # the replicas exchange statistics in their forward pass (a synchronized batch norm): the
         # "allreduce" strategy function's replica programs run those collectives; the engines cannot
-        refuse_forward_collectives(request.graph, strategy, cluster["backup_replicas"])
+        refuse_forward_collectives(request, strategy, cluster["backup_replicas"])
         function, strategy = True, "allreduce"
     if session._resident is None:
         from workbench.cluster.resident import ResidentData
@@ -156,19 +156,27 @@ def local_engine(request: FitRequest, session, replicas, strategy, backups=0, cl
     return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
 
 
-def refuse_forward_collectives(graph, strategy, backups) -> None:
+def refuse_forward_collectives(request: FitRequest, strategy, backups) -> None:
     """ClusterError when a cluster fit of a graph with collectives in its forward pass asks for an
     engine that runs each replica's forward pass on its own (the parameter server, asynchronous SGD,
-    backup replicas): its batch norm would take each shard's moments, not the global batch's."""
+    backup replicas): its batch norm would take each shard's moments, not the global batch's. Or for
+    a GPU: the replica programs that run those collectives run on CPU workers for now."""
+    synced = forward_collectives(request.graph)[0]
     asked = f"strategy={strategy!r}" if strategy not in (None, "allreduce") else None
     if asked is None and backups:
         asked = f"backup_replicas={backups}"
     if asked is not None:
         raise ClusterError(
             f"{asked} cannot train this graph: it exchanges values between replicas in its forward pass "
-            f"({forward_collectives(graph)[0]!r}: a synchronized batch norm, whose moments are the global "
-            "batch's), and that engine runs each replica's forward pass on its own; train it with "
-            "strategy='allreduce' (the default) or a strategy function, without backup replicas"
+            f"({synced!r}: a synchronized batch norm, whose moments are the global batch's), and that "
+            "engine runs each replica's forward pass on its own; train it with strategy='allreduce' "
+            "(the default) or a strategy function, without backup replicas"
+        )
+    if request.device.kind != "cpu":
+        raise ClusterError(
+            f"this graph exchanges values between replicas in its forward pass ({synced!r}: a synchronized "
+            f"batch norm), which a cluster fit runs on CPU workers for now, not on {request.device.name!r}: "
+            "create the session with device='cpu', or fit on one GPU without a cluster"
         )
 
 

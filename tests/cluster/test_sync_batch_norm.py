@@ -137,3 +137,11 @@ def test_engines_that_run_each_forward_pass_alone_refuse_batch_norm(client, opti
     sess = wb.Session(g, seed=0, cluster=client)
     with pytest.raises(wb.ClusterError, match=rf"{refused} cannot train this graph: .* strategy='allreduce'"):
         sess.fit(train, data, batch_size=4, steps=1, replicas=1, **options)
+
+
+def test_a_gpu_cluster_fit_refuses_batch_norm_by_name(client):
+    g, train = moments_net()
+    data = {"x": np.ones((8, 5)), "y": np.zeros(8, dtype=np.int64)}
+    sess = wb.Session(g, seed=0, cluster=client, device="gpu", emulate=True)
+    with pytest.raises(wb.ClusterError, match=r"synchronized batch norm\), which a cluster fit runs on CPU workers"):
+        sess.fit(train, data, batch_size=4, steps=1, replicas=2)
