@@ -78,9 +78,10 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
     workers = cluster["workers"]
     chosen = workers if workers is None or isinstance(workers, str) else tuple(workers)
     function = runs_a_strategy_function(strategy)
-    if not function and strategy in (None, "allreduce") and forward_collectives(request.graph):
+    if not function and forward_collectives(request.graph):
         # the replicas exchange statistics in their forward pass (a synchronized batch norm): the
-        # "allreduce" strategy function's replica programs run those collectives; the engine cannot
+        # "allreduce" strategy function's replica programs run those collectives; the engines cannot
+        refuse_forward_collectives(request, strategy, cluster["backup_replicas"])
         function, strategy = True, "allreduce"
     if session._resident is None:
         from workbench.cluster.resident import ResidentData
@@ -155,6 +156,30 @@ def local_engine(request: FitRequest, session, replicas, strategy, backups=0, cl
     return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
 
 
+def refuse_forward_collectives(request: FitRequest, strategy, backups) -> None:
+    """ClusterError when a cluster fit of a graph with collectives in its forward pass asks for an
+    engine that runs each replica's forward pass on its own (the parameter server, asynchronous SGD,
+    backup replicas): its batch norm would take each shard's moments, not the global batch's. Or for
+    a GPU: the replica programs that run those collectives run on CPU workers for now."""
+    synced = forward_collectives(request.graph)[0]
+    asked = f"strategy={strategy!r}" if strategy not in (None, "allreduce") else None
+    if asked is None and backups:
+        asked = f"backup_replicas={backups}"
+    if asked is not None:
+        raise ClusterError(
+            f"{asked} cannot train this graph: it exchanges values between replicas in its forward pass "
+            f"({synced!r}: a synchronized batch norm, whose moments are the global batch's), and that "
+            "engine runs each replica's forward pass on its own; train it with strategy='allreduce' "
+            "(the default) or a strategy function, without backup replicas"
+        )
+    if request.device.kind != "cpu":
+        raise ClusterError(
+            f"this graph exchanges values between replicas in its forward pass ({synced!r}: a synchronized "
+            f"batch norm), which a cluster fit runs on CPU workers for now, not on {request.device.name!r}: "
+            "create the session with device='cpu', or fit on one GPU without a cluster"
+        )
+
+
 def forward_collectives(graph) -> list[str]:
     """The collective ops the graph itself holds (``cross_replica_sum`` of batch norm's global moments),
     which only a replica program running on a communicator computes."""
@@ -168,6 +193,13 @@ def local_async(request: FitRequest, replicas, backups=0, clock=None):
 
     if backups:
         raise ArgumentError(f"fit(strategy='async') has no backup replicas (backup_replicas={backups})")
+    synced = forward_collectives(request.graph)
+    if synced:
+        raise ArgumentError(
+            f"fit(strategy='async') cannot train this graph: it exchanges values between replicas in its "
+            f"forward pass ({synced[0]!r}: a synchronized batch norm), and asynchronous SGD runs each "
+            "replica's forward pass on its own; use strategy='allreduce' (the default)"
+        )
     return AsyncReplicas(request, replicas or 1, request.stragglers, clock or Clock())
 
 

@@ -98,6 +98,11 @@ def batch_norm(x, training, momentum: float = 0.99, epsilon: float = 1e-3, axis:
     depends on this layer, so there is no collection to remember. Inference (``training``
     false): normalizes with the moving statistics. ``<scope>/gamma`` and ``<scope>/beta`` scale
     and shift. Checkpoints save and restore the moving statistics with the other variables.
+
+    In a replicated fit (a cluster or the one-process simulation) the moments are the global
+    batch's, over every replica's rows (:func:`_global_moments`), and the moving statistics move
+    by them, the same bits on every replica: a model with batch norm trains to the variables of
+    local training on any number of workers.
     """
     if x.shape is None or not -len(x.shape) <= axis < len(x.shape) or x.shape[axis] is None:
         raise ShapeError(f"batch_norm needs the size of axis {axis} of its input, got shape {x.shape}")
@@ -116,42 +121,45 @@ def batch_norm(x, training, momentum: float = 0.99, epsilon: float = 1e-3, axis:
         if training is False:
             mean, var = moving_mean, moving_var
         else:
-            batch_mean, batch_var = _global_moments(x, reduced)
+            batch_mean, batch_var, count = _global_moments(x, reduced)
             mean = _switch(training, lambda: batch_mean, lambda: moving_mean)
             var = _switch(training, lambda: batch_var, lambda: moving_var)
         scale = special.rsqrt(ops.reshape(var, shape) + epsilon) * ops.reshape(gamma, shape)
         y = (x - ops.reshape(mean, shape)) * scale + ops.reshape(beta, shape)
         if training is not False:
-            _moving_updates(
-                graph, y, x, training, momentum, reduced, (moving_mean, batch_mean), (moving_var, batch_var)
-            )
+            _moving_updates(graph, y, training, momentum, count, (moving_mean, batch_mean), (moving_var, batch_var))
         return y
 
 
 def _global_moments(x, reduced):
-    """The mean and (biased) variance of ``x`` over the axes ``reduced`` of the *global* batch.
+    """The mean, (biased) variance and count of ``x`` over the axes ``reduced`` of the *global* batch.
 
-    Each replica takes its shard's moments, then the shards' counts, sums and centred sums of squares
-    are added up across the replicas (``cross_replica_sum``, Chan et al.'s combination): a
-    synchronized batch norm, so a model trains to the same variables on any number of workers.
-    Outside a replicated fit the sums are the identity and these are the batch's own moments. The
-    backward pass sums the replicas' gradients of the statistics the same way (as PyTorch's
-    SyncBatchNorm; exact when the shards are equal, which ``fit`` makes them when the batch size
-    divides among the replicas).
+    Each replica takes its shard's count ``n_r``, mean ``m_r`` and variance ``v_r``; the replicas
+    add up ``n_r`` and ``n_r m_r`` (one sum), then ``n_r (v_r + (m_r - m)^2)`` with ``cross_replica_sum``
+    (Chan et al.'s combination of centred sums, stabler than sums of squares), in the collective's
+    fixed rank order, so every replica gets the same bits. Shards may be unequal. Outside a
+    replicated fit the sums are the identity and these are the batch's own moments.
+
+    The backward pass is the gradient of the global batch's loss ``L = sum_r w_r L_r`` (``w_r``:
+    the replica's share, ``r.weight``). Replica ``s``'s shard enters every ``L_r`` through the
+    sums, so it needs ``sum_r w_r dL_r/dsum``: ``cross_replica_sum``'s gradient all-reduces the
+    replicas' upstream gradients weighted by their shares and divides by ``w_s`` again, which the
+    engine's weighting of replica ``s``'s gradient by ``w_s`` then cancels exactly.
     """
     mean, var = norm.moments(x, reduced)
-    count = _count(x, reduced)
-    total = ops.cross_replica_sum(count)
-    global_mean = ops.cross_replica_sum(mean * count) / total
+    count = _count(x, reduced, mean.dtype)
+    sums = ops.cross_replica_sum(ops.concat([ops.reshape(count, (1,)), mean * count]))  # one collective for both
+    total = sums[0]
+    global_mean = sums[1:] / total
     shift = mean - global_mean
     global_var = ops.cross_replica_sum((var + shift * shift) * count) / total
-    return global_mean, global_var
+    return global_mean, global_var, total
 
 
-def _moving_updates(graph, y, x, training, momentum, reduced, means, variances):
-    """Assign ops moving the statistics, recorded in ``graph.updates`` as belonging to ``y``."""
+def _moving_updates(graph, y, training, momentum, count, means, variances):
+    """Assign ops moving the statistics, recorded in ``graph.updates`` as belonging to ``y``
+    (``count``: the global batch's, for the unbiased variance)."""
     (moving_mean, batch_mean), (moving_var, batch_var) = means, variances
-    count = ops.cross_replica_sum(_count(x, reduced))  # the global batch's
     unbiased = batch_var * (count / ops.maximum(count - 1.0, 1.0))
     rate = 1.0 - momentum
     for moving, batch, label in ((moving_mean, batch_mean, "mean"), (moving_var, unbiased, "variance")):
@@ -161,11 +169,12 @@ def _moving_updates(graph, y, x, training, momentum, reduced, means, variances):
         graph.updates[update.op.name] = y.name
 
 
-def _count(x, reduced) -> Tensor:
-    """How many values each statistic is taken over (with the batch size known only at run time)."""
+def _count(x, reduced, dtype: str) -> Tensor:
+    """How many values each statistic is taken over (with the batch size known only at run time), in
+    ``dtype``: the moments' (float32 under float16 mixed precision, where a count may pass float16's range)."""
     known = [x.shape[i] for i in reduced]
     if all(d is not None for d in known):
-        return ops.constant(float(math.prod(known)), dtype=x.dtype)
+        return ops.constant(float(math.prod(known)), dtype=dtype)
     # one value per position of the unknown axes (a thin slice of x), times the known sizes
     thin = x[tuple(slice(None) if d is None else slice(0, 1) for d in x.shape)]
     known_product = float(math.prod(d for d in known if d is not None))

@@ -26,8 +26,8 @@ CLASSES = 10
 ROWS = COLUMNS = 8
 
 
-def _inputs():
-    x = ops.placeholder("x", shape=(None, ROWS * COLUMNS))
+def _inputs(dtype="float32"):
+    x = ops.placeholder("x", shape=(None, ROWS * COLUMNS), dtype=dtype)
     y = ops.placeholder("y", shape=(None,), dtype="int64")
     return x, y
 
@@ -81,12 +81,13 @@ def _basic_block(h, filters: int, stride: int, training, name: str):
         return ops.relu(out + h)
 
 
-def resnet(widths=(16, 32), learning_rate: float = 3e-3, name="resnet", graph=None) -> dict:
+def resnet(widths=(16, 32), learning_rate: float = 3e-3, name="resnet", graph=None, dtype="float32") -> dict:
     """A small ResNet: a 3x3 stem, one basic block per width (the later ones with stride 2), batch
-    norm throughout, global average pooling and a dense layer. Adam; ``training`` switches batch norm."""
+    norm throughout, global average pooling and a dense layer. Adam; ``training`` switches batch norm.
+    ``dtype``: of the images and every variable (``"float64"`` for comparisons without rounding noise)."""
     g = Graph(name=name) if graph is None else graph
     with g.as_default():
-        x, y = _inputs()
+        x, y = _inputs(dtype)
         training = ops.placeholder("training", shape=(), dtype="bool", default=False)
         images = ops.reshape(x, (-1, 1, ROWS, COLUMNS))
         with g.name_scope("stem"):

@@ -164,8 +164,8 @@ class TrainingProgram:
                 f"the update of {train_name!r} depends on placeholders {sorted(fed_to_update)}; "
                 "only the gradients may depend on the data"
                 + (
-                    " (batch norm's moving statistics are updated from each batch: training them on a cluster "
-                    "needs the batch moments all-reduced, which this strategy does not do)"
+                    " (moving statistics updated from each batch, as batch norm's: train the graph with "
+                    "strategy='allreduce' (the default), whose replica programs take the global batch's moments)"
                     if graph.updates
                     else ""
                 )

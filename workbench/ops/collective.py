@@ -19,7 +19,9 @@ for several ops, with two more attributes: ``members`` (how many collective ops 
 Sums are taken in the fixed pairwise order of the cluster's collective
 (:func:`pairwise_sum`: ``(g0 + g1) + (g2 + g3) ...`` over the ranks), so every replica holds
 the same bits and nothing depends on timing. The ops are not differentiable: a strategy
-applies them to gradients, after the backward pass.
+applies them to gradients, after the backward pass. ``cross_replica_sum(t)`` is the one that is:
+what a layer sums inside the forward pass (batch norm's moments of the global batch), its gradient
+an all-reduce weighted by the replicas' shares of the loss.
 """
 
 from __future__ import annotations
