@@ -209,7 +209,7 @@ class Lanes:
 
     def _lay_out(self, step: int, marked: list[tuple]) -> list[dict]:
         latest: dict = {}  # collective key -> the two latest arrivals [(time, worker)], latest first
-        for worker, _, marks, _ in marked:
+        for worker, _, marks, _, _ in marked:
             shift = self.offset(worker, marks["offset"]) - self.origin
             for key, t in marks["arrivals"].items():
                 top = latest.setdefault(key, [])
@@ -220,8 +220,8 @@ class Lanes:
         for top in latest.values():
             top.sort(reverse=True)
         spans: list[dict] = []
-        for worker, rank, marks, moved in marked:
-            spans.extend(self._lane(step, worker, rank, marks, moved, latest))
+        for worker, rank, marks, sent, received in marked:
+            spans.extend(self._lane(step, worker, rank, marks, int(sent) + int(received), latest))
         return spans
 
     def _lane(self, step: int, worker: str, rank: int, marks: dict, moved: int, latest: dict) -> list[dict]:
@@ -290,9 +290,10 @@ class Lanes:
 
 
 def _marked(results: list[dict]) -> list[tuple]:
-    """``(worker, rank, marks, bytes moved)`` of each result that has marks: all a lane is laid out from."""
+    """``(worker, rank, marks, bytes sent, bytes received)`` of each result that has marks: all a lane is
+    laid out from (kept as they are: the layout does the arithmetic)."""
     return [
-        (r["worker"], r.get("rank", 0), r["marks"], int(r.get("bytes_sent", 0)) + int(r.get("bytes_received", 0)))
+        (r["worker"], r.get("rank", 0), r["marks"], r.get("bytes_sent", 0), r.get("bytes_received", 0))
         for r in results
         if r.get("marks")
     ]
