@@ -204,8 +204,9 @@ class Lanes:
     def _lay_out_queue(self, until: StepSpans | None) -> None:
         """Lay out the recorded steps, oldest first, up to ``until`` (all of them: None)."""
         while self._queue and (until is None or until._spans is None):
-            held = self._queue.popleft()
+            held = self._queue[0]  # left queued if its layout fails: the next read fails the same way
             held._spans, held._marked = self._lay_out(held.step, held._marked), None
+            self._queue.popleft()
 
     def _lay_out(self, step: int, marked: list[tuple]) -> list[dict]:
         latest: dict = {}  # collective key -> the two latest arrivals [(time, worker)], latest first
