@@ -174,8 +174,8 @@ class Timeline:
     def to_chrome_trace(self, path) -> str:
         """Write the spans as Chrome Trace Event JSON (Perfetto and ``chrome://tracing`` open it): one
         ``"ph": "X"`` event per span, named by its phase (or op, or a compute span's part: ``forward``,
-        ``backward``), one ``pid`` per worker with the worker's
-        address as the process name. Returns the path."""
+        ``backward``), one ``pid`` per worker with the worker's address as the process name. Returns
+        the path."""
         path = os.fspath(path)
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.chrome_trace(), f)
