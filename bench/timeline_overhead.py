@@ -15,6 +15,7 @@ the simulation's replica threads included, a cluster's workers not) move less. T
 what tracing costs directly, which the load inflates least (best of 3 fits): the replicas' marks and
 keeping them on the client (``Lanes.record``), both on the step's path, and laying them out into
 spans (what ``History.timeline()`` or a live view pays when it reads them, off the step's path).
+For the simulation a last line gives on / off from one fit traced every other step.
 """
 
 from __future__ import annotations
@@ -96,12 +97,32 @@ def tracing_microseconds(fit, tries: int = 3) -> tuple[float, float, float, int]
     return marks_us, record_us, layout_us, made // len(steps)
 
 
+def flipped_ratio(session, train, loss, data, steps: int, **kwargs) -> float:
+    """One fit with tracing on every other step (set between steps, read by each replica as its step
+    begins): the median traced step over the median untraced one. Steps side by side share the load,
+    the plans and the memory; for the simulation only (a cluster's workers would need a call a step)."""
+
+    def flip(record):
+        set_tracing(record["step"] % 2 == 0)  # the next step, an odd one, traced
+
+    set_tracing(True)
+    try:
+        hist = session.fit(train, data, batch_size=96, steps=steps, fetches={"loss": loss}, callback=flip, **kwargs)
+    finally:
+        set_tracing(True)
+    seconds = hist["time"]
+    on = [seconds[k - 1] for k in range(3, steps + 1, 2)]
+    off = [seconds[k - 1] for k in range(4, steps + 1, 2)]
+    return statistics.median(on) / statistics.median(off)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--flipped-steps", type=int, default=600, help="the simulated fit traced every other step")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     data = {"x": rng.normal(size=(960, 32)).astype("float32"), "y": rng.integers(0, 10, 960)}
@@ -123,6 +144,9 @@ def main() -> None:
                     step_seconds(local, train, loss, data, args.steps, replicas=args.workers)
                 )
         set_tracing(True)
+        flipped = flipped_ratio(
+            wb.Session(g, seed=0, cluster=False), train, loss, data, args.flipped_steps, replicas=args.workers
+        )
         cost = {
             "allreduce": tracing_microseconds(
                 lambda: wb.Session(g, seed=0, cluster=client).fit(
@@ -154,6 +178,7 @@ def main() -> None:
             f" | {marks:.1f} + {record:.1f}"
             f" | {kept / 1e6 / off:.2%} | {layout:.1f} | {made} | {layout / 1e6 / off:.2%} |"
         )
+    print(f"\nsimulation, one fit of {args.flipped_steps} steps traced every other step: on / off {flipped:.3f}")
 
 
 if __name__ == "__main__":
