@@ -303,6 +303,7 @@ class SimulatedReplicas:
             self.group.abort(f"replica {rank} failed at step {step}: {type(e).__name__}: {e}")
             raise
         member.marks.phase("compute", member.cursor, time.time())
+        member.marks.backward_began(plan.backward_began)
         return {
             "worker": f"replica {rank}",
             "rank": rank,
@@ -325,6 +326,6 @@ class SimulatedReplicas:
             "compute_seconds": max(r["seconds"] for r in results),
             "bytes_sent": max(r["bytes_sent"] for r in results),
             "collectives": max(r["collectives"] for r in results),
-            "spans": self.lanes.step(step, results),
+            "spans": self.lanes.record(step, results),  # laid out when read
         }
         return StepOutcome(step, fetches, metrics, seconds=seconds)

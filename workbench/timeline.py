@@ -6,7 +6,8 @@ one dict per stretch of one worker's time, with
 - ``worker``: the worker's address (a replica's name in the one-process simulation);
 - ``replica``: the replica's rank;
 - ``step``: the 1-based step;
-- ``phase``: ``"compute"`` (forward and backward), ``"communicate"`` (bytes on the wire, with
+- ``phase``: ``"compute"`` (forward and backward: with ``part`` ``"forward"`` or ``"backward"`` where
+  the engine's plan tells them apart), ``"communicate"`` (bytes on the wire, with
   ``bytes``), ``"wait"`` (blocked on peers, with ``waiting_for``: the worker that arrived last),
   ``"update"`` (the optimizer) or ``"idle"`` (between the worker's tasks);
 - ``start`` and ``end``: seconds since the fit started, every worker on one clock.
@@ -158,7 +159,7 @@ class Timeline:
             args.update({k: v for k, v in s.items() if k not in ("worker", "replica", "step", "phase", "start", "end")})
             events.append(
                 {
-                    "name": s.get("op") or s["phase"],
+                    "name": s.get("op") or s.get("part") or s["phase"],
                     "cat": s["phase"],
                     "ph": "X",
                     "pid": pids[s["worker"]],
@@ -172,8 +173,9 @@ class Timeline:
 
     def to_chrome_trace(self, path) -> str:
         """Write the spans as Chrome Trace Event JSON (Perfetto and ``chrome://tracing`` open it): one
-        ``"ph": "X"`` event per span, named by its phase (or op), one ``pid`` per worker with the worker's
-        address as the process name. Returns the path."""
+        ``"ph": "X"`` event per span, named by its phase (or op, or a compute span's part: ``forward``,
+        ``backward``), one ``pid`` per worker with the worker's address as the process name. Returns
+        the path."""
         path = os.fspath(path)
         with open(path, "w", encoding="utf-8") as f:
             json.dump(self.chrome_trace(), f)

@@ -107,3 +107,18 @@ def test_strategy_function_steps_have_a_timeline(client3, kit):
         assert bool(collective) == (step % 2 == 0), step  # local SGD averages every 2nd step only
         assert {s["worker"] for s in timeline.step(step).spans if s["phase"] == "compute"} == set(timeline.workers)
     check_lanes(timeline)
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "local_sgd"])
+def test_a_cluster_step_splits_its_compute_into_forward_and_backward(client, kit, strategy):
+    timeline = fit_timeline(client, kit, wb.strategies.local_sgd(every=2) if strategy == "local_sgd" else strategy)
+    assert len(timeline.workers) == 2
+    check_lanes(timeline)
+    for step in timeline.steps:
+        for worker in timeline.workers:
+            spans = [s for s in timeline.step(step).spans if s["worker"] == worker]
+            forward = [s for s in spans if s.get("part") == "forward"]
+            backward = [s for s in spans if s.get("part") == "backward"]
+            assert forward and backward and all(s["phase"] == "compute" for s in forward + backward), spans
+            assert max(s["end"] for s in forward) <= min(s["start"] for s in backward) + 1e-9
+    assert {"forward", "backward"} <= {e["name"] for e in timeline.chrome_trace()["traceEvents"]}

@@ -1,5 +1,7 @@
 """The one plan compiler, its cache, and the device seam (CPU, and the GPU emulated on NumPy)."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -125,3 +127,23 @@ def test_a_plan_reports_each_watched_fetch_as_soon_as_it_is_computed():
     assert sorted(seen) == [(0, 20.0, 0), (2, 8.0, 0)]  # during the run, before it counts as done
     assert [k for k, _, _ in seen] == sorted([0, 2], key=made.__getitem__)  # in the order they are made
     assert float(values[0]) == 20.0 and float(values[2]) == 8.0
+
+
+def test_a_plan_notes_when_its_backward_pass_began(model):
+    g, x, w, y, unused = model
+    with g.as_default():
+        loss = wb.mean(y)
+        train = wb.optimizers.SGD(0.1).minimize(loss)
+    state = {"w": np.full((3, 2), 0.5, np.float32)}
+    plan = compile_plan(g, [train.name, loss.name], ["x"], state=state)
+    ops = plan.step_ops
+    assert ops[plan.backward].name.startswith("gradients/")
+    assert not any(op.name.startswith("gradients/") for op in ops[: plan.backward])
+    before = time.time()
+    plan.run([np.ones((2, 3), np.float32)])
+    assert before <= plan.backward_began <= time.time()
+    plan.count_run()  # a replayed capture ran none of the plan's steps: no time to tell
+    assert plan.backward_began is None
+    forward = compile_plan(g, [loss.name], ["x"], state=state)
+    forward.run([np.ones((2, 3), np.float32)])
+    assert forward.backward is None and forward.backward_began is None

@@ -95,3 +95,16 @@ def test_the_notebook_shows_a_timeline_beside_the_training_view_of_a_cluster_fit
         assert len(shown) == 3
     finally:
         notebook.uninstall()
+
+
+def test_compute_parts_are_shown_and_named():
+    spans = [
+        {"worker": "a", "replica": 0, "step": 1, "phase": "compute", "start": 0.0, "end": 0.25, "part": "forward"},
+        {"worker": "a", "replica": 0, "step": 1, "phase": "compute", "start": 0.25, "end": 0.5, "part": "backward"},
+        {"worker": "a", "replica": 0, "step": 1, "phase": "update", "start": 0.5, "end": 0.6},
+    ]
+    view = TimelineView()
+    view.feed([FitStarted(steps=1, strategy="allreduce"), Step(step=1, metrics={"spans": spans})])
+    assert [(s[2], s[7]) for s in view.spans] == [("compute", "forward"), ("compute", "backward"), ("update", "")]
+    svg = view.snapshot()
+    assert "compute (backward) 250.00 ms" in svg and "#54aeff" in svg

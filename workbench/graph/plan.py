@@ -15,6 +15,7 @@ values that share memory with one come back as copies.
 from __future__ import annotations
 
 import functools
+import time
 import zlib
 from dataclasses import dataclass
 from operator import itemgetter
@@ -78,6 +79,12 @@ class Plan:
     buckets : dict
         The position (in :attr:`steps`) of each bucket of all-reduces' start, and its
         :class:`~workbench.graph.schedule.CollectiveBucket` (none without ``bucket_bytes``).
+    backward : int or None
+        The position (in :attr:`steps`) of the backward pass's first kernel call: the first op under
+        a ``gradients`` name scope (:func:`~workbench.graph.gradients.gradients`); None without one.
+    backward_began : float or None
+        When (``time.time()``) the last run reached :attr:`backward`: what splits a step's compute
+        into forward and backward (:mod:`workbench.spans`); None when it did not.
 
     Build plans with :func:`workbench.graph.compile.compile_plan`, which prunes,
     optimizes and rewrites the graph for a device first.
@@ -158,6 +165,11 @@ class Plan:
             out = outs[0] if len(outs) == 1 else tuple(outs)
             self.steps.append((fn, get, out, lifetimes.dead_after(i)))
             self.step_ops.append(op)
+        self.backward = next((i for i, op in enumerate(self.step_ops) if _is_gradient(op)), None)
+        self.backward_began: float | None = None
+        if self.backward is not None:  # one clock read a run, where the backward pass begins
+            fn, get, out, dead = self.steps[self.backward]
+            self.steps[self.backward] = (self._bind_backward(fn), get, out, dead)
 
     def _bind(self, op: Operation, guard: tuple[int, ...], donors: tuple[int, ...]) -> Callable:
         opdef, xp, attrs = op.opdef, self.xp, op.attrs
@@ -223,6 +235,16 @@ class Plan:
             return start_bucket(plan._comm, xp, bucket, replicas, values)
 
         return bucket_start
+
+    def _bind_backward(self, fn: Callable) -> Callable:
+        """The backward pass's first kernel call, noting when it began (:attr:`backward_began`)."""
+        plan = self
+
+        def backward_step(*args):
+            plan.backward_began = time.time()
+            return fn(*args)
+
+        return backward_step
 
     def _bind_update(self, op: Operation, kernel: Callable, guard: tuple[int, ...]) -> Callable:
         """A variable update: replaces ``state[name]``; in place when the plan owns the state,
@@ -354,6 +376,7 @@ class Plan:
     def count_run(self) -> None:
         """Count a run done without :meth:`run` (a replayed capture of one)."""
         self._runs += 1
+        self.backward_began = None  # a replay runs no step of this plan: no time to tell
 
     def run(
         self,
@@ -389,6 +412,7 @@ class Plan:
         self._step = self._runs if step is None else step
         self._row_offset = row_offset
         self._comm = SOLO if comm is None else comm
+        self.backward_began = None
         slots = self.template.copy()
         state = self.state
         for slot, name in self.reads:
@@ -485,6 +509,11 @@ def written_variables(op: Operation) -> list[str]:
     if op.opdef.writes is not None:
         return [op.inputs[k].op.name for k in op.opdef.writes(op.attrs, len(op.inputs))]
     return [op.inputs[0].op.name] if op.opdef.stateful and op.inputs else []
+
+
+def _is_gradient(op: Operation) -> bool:
+    """Whether ``op`` belongs to a backward pass: ``gradients()`` makes its ops under a ``gradients`` scope."""
+    return "gradients" in op.name.split("/")[:-1]
 
 
 def _nothing(slots) -> tuple:

@@ -29,7 +29,7 @@ from workbench.timeline import PHASES, Timeline
 from workbench.widgets._base import View, front_end
 from workbench.widgets.timeline_svg import timeline_svg
 
-#: Each phase's colour (as static/timeline_view.js draws them).
+#: Each phase's colour (as static/timeline_view.js draws them); a compute span's backward part is lighter.
 PHASE_COLORS = {
     "compute": "#0969da",
     "communicate": "#bf8700",
@@ -37,6 +37,7 @@ PHASE_COLORS = {
     "update": "#1a7f37",
     "idle": "#d0d7de",
 }
+PART_COLORS = {"forward": "#0969da", "backward": "#54aeff"}
 
 
 class TimelineView(View):
@@ -57,7 +58,8 @@ class TimelineView(View):
     title = traitlets.Unicode("timeline").tag(sync=True)
     status = traitlets.Unicode("waiting").tag(sync=True)
     workers = traitlets.List(traitlets.Unicode()).tag(sync=True)
-    #: The spans shown: ``[lane, step, phase, start, end, lane waited for or -1, bytes]``.
+    #: The spans shown: ``[lane, step, phase, start, end, lane waited for or -1, bytes, part or ""]``
+    #: (``part``: a compute span's ``"forward"`` or ``"backward"``).
     spans = traitlets.List().tag(sync=True)
     #: The first and last step recorded (the scroll back's range), and the steps shown.
     steps = traitlets.List(traitlets.Int()).tag(sync=True)
@@ -198,6 +200,7 @@ class TimelineView(View):
                 round(float(s["end"]), 6),
                 lane.get(s.get("waiting_for"), -1),
                 int(s.get("bytes", 0) or 0),
+                str(s.get("part") or ""),
             ]
             for s in spans
         ]
@@ -217,7 +220,7 @@ class TimelineView(View):
 
     def render_snapshot(self, state) -> str:
         title, status, workers, _, shown, selected = state
-        return timeline_svg(title, status, list(workers), self.spans, list(shown), selected, PHASE_COLORS)
+        return timeline_svg(title, status, list(workers), self.spans, list(shown), selected, PHASE_COLORS, PART_COLORS)
 
     def __repr__(self) -> str:
         """One line: ``timeline · 3 workers · steps 1..40 · most waited for: tcp://... (0.2 s/step)``."""
@@ -230,4 +233,4 @@ class TimelineView(View):
         return " · ".join(parts)
 
 
-__all__ = ["PHASES", "PHASE_COLORS", "TimelineView"]
+__all__ = ["PART_COLORS", "PHASES", "PHASE_COLORS", "TimelineView"]

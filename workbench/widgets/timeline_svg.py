@@ -17,7 +17,7 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else "…" + text[-(n - 1) :]
 
 
-def timeline_svg(title, status, workers, spans, shown, selected, colors) -> str:
+def timeline_svg(title, status, workers, spans, shown, selected, colors, part_colors=None) -> str:
     """Lanes per worker: each span a bar coloured by phase, waits with an arrow to the worker waited for,
     step boundaries, the ``selected`` step outlined."""
     height = TOP + LANE * max(len(workers), 1) + 44
@@ -53,9 +53,11 @@ def timeline_svg(title, status, workers, spans, shown, selected, colors) -> str:
         y = TOP + i * LANE
         body.append(element("text", _clip(str(worker), 26), x=8, y=y + LANE / 2 + 4, fill=INK))
         body.append(element("line", x1=LABEL, x2=LABEL + WIDTH, y1=y + LANE - 2, y2=y + LANE - 2, stroke=BORDER))
-    for lane, step, phase, start, end, waited, nbytes in spans:
+    part_colors = part_colors or {}
+    for lane, step, phase, start, end, waited, nbytes, *part in spans:
+        part = part[0] if part else ""
         y = TOP + lane * LANE + 3
-        tip = f"{workers[lane]} · step {step} · {phase} {1000 * (end - start):.2f} ms"
+        tip = f"{workers[lane]} · step {step} · {phase}{f' ({part})' if part else ''} {1000 * (end - start):.2f} ms"
         if waited >= 0:
             tip += f" · waits for {workers[waited]}"
         if nbytes:
@@ -70,7 +72,7 @@ def timeline_svg(title, status, workers, spans, shown, selected, colors) -> str:
                 y=y,
                 width=f"{max((end - start) * scale, 0.5):.2f}",
                 height=LANE - 8,
-                fill=colors.get(phase, "#8c959f"),
+                fill=part_colors.get(part) or colors.get(phase, "#8c959f"),
                 **outline,
             )
         )
@@ -90,7 +92,9 @@ def timeline_svg(title, status, workers, spans, shown, selected, colors) -> str:
             )
     legend_y = TOP + LANE * len(workers) + 18
     cursor = LABEL
-    for phase, color in colors.items():
+    parts = {s[7] for s in spans if len(s) > 7 and s[7]}
+    legend = {**colors, **{part: color for part, color in part_colors.items() if part in parts}}
+    for phase, color in legend.items():
         body.append(element("rect", x=cursor, y=legend_y - 9, width=10, height=10, fill=color))
         body.append(element("text", phase, x=cursor + 14, y=legend_y, fill=MUTED))
         cursor += 24 + 7 * len(phase)

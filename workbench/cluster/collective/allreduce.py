@@ -454,7 +454,7 @@ class AllReduceEngine(Coordinated):
             "tasks": len(results),
             **arrival_metrics(results),
         }
-        metrics["spans"] = self.lanes.step(step, results)
+        metrics["spans"] = self.lanes.record(step, results)  # laid out when read
         stats = {}
         reported = sorted((r for r in results if "stats" in r), key=lambda r: r["rank"])
         if reported:  # the global batch's statistics (workbench.cluster.collective.stat_combine)

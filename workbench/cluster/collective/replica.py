@@ -175,6 +175,7 @@ class Replica:
         stats = stats and self.forward_stats is not None
         plan = self.forward_stats if stats else self.forward
         values = plan.run(feeds, checked, step=step - 1, row_offset=offset)
+        marks.backward_began(plan.backward_began)
         for i in range(n):  # gradients no plan step made (constants) go in now
             self._produced(i, values[i])
         # copies before the update changes variables; a mean weighted by the shard's share, the rest as they are

@@ -272,6 +272,7 @@ class StrategyReplica:
         ]
         seconds = time.perf_counter() - started
         comm.marks.phase("compute", comm.cursor, time.time())
+        comm.marks.backward_began(plan.backward_began)
         result = {
             "step": step,
             "rank": self.comm.rank,

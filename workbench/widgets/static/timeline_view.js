@@ -1,9 +1,10 @@
 // TimelineView front end: one lane per worker, a bar per span coloured by phase, waits with an arrow
 // to the worker waited for, a scroll back over the steps, hover details, a click selects a step.
-// State (from widgets/timeline.py): workers, spans [lane, step, phase, start, end, waited lane or -1, bytes],
+// State (from widgets/timeline.py): workers, spans [lane, step, phase, start, end, waited lane or -1, bytes, part],
 // steps [first, last], shown_steps, window, end_step (0: live), selected_step, stragglers, title, status.
 const NS = "http://www.w3.org/2000/svg";
 const COLORS = { compute: "#0969da", communicate: "#bf8700", wait: "#cf222e", update: "#1a7f37", idle: "#d0d7de" };
+const PART_COLORS = { forward: "#0969da", backward: "#54aeff" };  // a compute span's parts
 const LANE = 26, LABEL = 170, TOP = 8;
 
 function el(tag, attrs = {}, parent = null) {
@@ -59,8 +60,9 @@ function render({ model, el: root }) {
   live.addEventListener("click", () => { model.set("end_step", 0); model.save_changes(); });
 
   function describe(s, workers) {
-    const [lane, step, phase, start, end, waited, bytes] = s;
-    let text = `${workers[lane]} · step ${step} · ${phase} ${ms(end - start)} (${start.toFixed(3)} – ${end.toFixed(3)} s)`;
+    const [lane, step, phase, start, end, waited, bytes, part] = s;
+    const what = part ? `${phase} (${part})` : phase;
+    let text = `${workers[lane]} · step ${step} · ${what} ${ms(end - start)} (${start.toFixed(3)} – ${end.toFixed(3)} s)`;
     if (waited >= 0) text += ` · waiting for ${workers[waited]}`;
     if (bytes) text += ` · ${bytes.toLocaleString()} bytes`;
     return text;
@@ -108,12 +110,13 @@ function render({ model, el: root }) {
     });
     const arrows = el("g", { class: "wb-timeline-arrows" }, svg);
     for (const s of spans) {
-      const [lane, step, phase, start, stop, waited] = s;
+      const [lane, step, phase, start, stop, waited, , part] = s;
       const y = TOP + lane * LANE + 3;
       const rect = el("rect", {
         x: x(start).toFixed(2), y, width: Math.max((stop - start) * scale, 0.5).toFixed(2), height: LANE - 8,
-        fill: COLORS[phase] || "#8c959f", class: `wb-span wb-${phase}` + (step === selected ? " wb-selected" : ""),
-        "data-step": step, "data-phase": phase, "data-worker": workers[lane],
+        fill: PART_COLORS[part] || COLORS[phase] || "#8c959f",
+        class: `wb-span wb-${phase}` + (part ? ` wb-${part}` : "") + (step === selected ? " wb-selected" : ""),
+        "data-step": step, "data-phase": phase, "data-part": part || "", "data-worker": workers[lane],
       }, svg);
       el("title", {}, rect).textContent = describe(s, workers);
       rect.addEventListener("mouseenter", () => { hover.textContent = describe(s, workers); });
@@ -128,7 +131,9 @@ function render({ model, el: root }) {
     const axis = el("text", { x: width - 10, y: height - 6, "text-anchor": "end", class: "wb-muted" }, svg);
     axis.textContent = `${lo.toFixed(3)} – ${hi.toFixed(3)} s since the fit started`;
     let cursor = LABEL;
-    for (const [phase, color] of Object.entries(COLORS)) {
+    const parts = new Set(spans.map((s) => s[7]).filter(Boolean));
+    const legend = { ...COLORS, ...Object.fromEntries(Object.entries(PART_COLORS).filter(([p]) => parts.has(p))) };
+    for (const [phase, color] of Object.entries(legend)) {
       el("rect", { x: cursor, y: height - 15, width: 10, height: 10, fill: color }, svg);
       el("text", { x: cursor + 13, y: height - 6, class: "wb-muted" }, svg).textContent = phase;
       cursor += 22 + 7 * phase.length;
