@@ -27,7 +27,7 @@ import numpy as np
 
 from workbench.errors import ArgumentError
 
-__all__ = ["Bernoulli", "Fixed", "LogNormal", "Stragglers", "coerce"]
+__all__ = ["Bernoulli", "Fixed", "LogNormal", "Stragglers", "coerce", "step_delays"]
 
 _STREAM = 0x5717A6  # keeps straggler draws apart from every other seeded stream of a fit
 
@@ -207,3 +207,9 @@ def coerce(value, replicas: int | None = None) -> Stragglers | None:
     if isinstance(value, Fixed) and replicas is not None and value.replica >= replicas:
         raise ArgumentError(f"wb.stragglers.Fixed: replica {value.replica} is not one of the fit's {replicas} replicas")
     return value
+
+
+def step_delays(stragglers: Stragglers | None, step: int, replicas: int) -> list[float]:
+    """Each rank's injected delay at ``step``, in seconds (zeros without stragglers): what every engine
+    hands its replicas and records as the step's ``"delays"``."""
+    return [0.0] * replicas if stragglers is None else [float(d) for d in stragglers.delays(step, replicas)]

@@ -54,13 +54,9 @@ from workbench.devices import device_type
 from workbench.errors import ClusterError, CollectiveError, FeedError, WorkbenchError
 from workbench.fitloop import StepOutcome
 from workbench.stragglers import coerce as check_stragglers
+from workbench.stragglers import step_delays
 from workbench.graph.batch_reduction import Reduction, combine
 from workbench.training import batch_indices, check_data, is_dask_array
-
-
-def step_delays(stragglers, step: int, replicas: int) -> list[float]:
-    """Each rank's injected delay at ``step`` (zeros without stragglers)."""
-    return [0.0] * replicas if stragglers is None else [float(d) for d in stragglers.delays(step, replicas)]
 
 
 def arrival_metrics(results: list) -> dict:

@@ -24,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from workbench.cluster.collective.allreduce import AllReduceEngine, _outcome_fetches, step_delays
+from workbench.cluster.collective.allreduce import AllReduceEngine, _outcome_fetches
 from workbench.cluster.health import scheduler_workers
 from workbench.cluster.lower import allreduce_key, key_label, shards
 from workbench.cluster.collective.replica import peers_gone
@@ -32,6 +32,7 @@ from workbench.cluster.collective.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, WorkbenchError
 from workbench.events import Synced
 from workbench.fitloop import StepOutcome
+from workbench.stragglers import step_delays
 from workbench.training import batch_indices
 
 

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 import numpy as np
 from dask.task_spec import List, TaskRef
 
-from workbench.cluster.collective.allreduce import step_delays
 from workbench.cluster.failures import ClientStopped, check_client, restartable
 from workbench.cluster.health import StepDeadline
 from workbench.cluster.lower import combine_tasks, replica_tasks, task_key
@@ -34,7 +33,7 @@ from workbench.cluster.sync import Coordinator, Finish, Record, Restart, Submit,
 from workbench.errors import ClusterError, FeedError, WorkbenchError
 from workbench.events import EventStream, Restarted, Synced
 from workbench.fitloop import FitRequest, StepOutcome
-from workbench.stragglers import coerce as coerce_stragglers
+from workbench.stragglers import coerce as coerce_stragglers, step_delays
 from workbench.training import batch_indices, is_dask_array
 
 
