@@ -340,7 +340,7 @@ class SimulatedReplicas:
         self.device = request.device
         self.runner = ReplicaRunner(request, self.program, self.total)
         self.step, self.now = 0, 0.0
-        self.ahead = [0.0] * self.total  # virtual seconds each replica is past self.now (local steps)
+        self.ahead = [0.0] * self.total  # each replica's virtual time less self.now (<= 0: behind, after local steps)
         self.labels = list(request.fetches)
         # how each fetch's shard values make the global batch's (a mean by shares, a sum added ...)
         self.reductions = [fetch_reduction(request.graph, name) for name in request.fetches.values()]
