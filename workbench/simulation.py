@@ -43,6 +43,7 @@ from workbench.clock import WALL, Clock
 from workbench.errors import ArgumentError, CollectiveError
 from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_boundaries
 from workbench.graph.compile import compile_plan
+from workbench.graph.passes import optimize
 from workbench.graph.batch_reduction import combine as combine_fetch
 from workbench.graph.batch_reduction import fetch_reduction
 from workbench.ops.collective import bytes_sent, combine
@@ -248,6 +249,7 @@ class ReplicaRunner:
         self.request, self.program, self.device = request, program, request.device
         self.states: list[dict] = [{} for _ in range(ranks)]
         self.plans: list[dict] = [{} for _ in range(ranks)]
+        self.optimized: dict = {}  # (due, fetches, fed) -> the pruned, optimized graph every rank's plan runs
 
     def start(self, variables: dict[str, np.ndarray]) -> None:
         """Every rank's state from ``variables``: its own saved copy (``replicas/<rank>/<name>``) where
@@ -269,11 +271,13 @@ class ReplicaRunner:
         key = (due, tuple(fetches), tuple(fed))
         found = self.plans[rank].get(key)
         if found is None:
-            req = self.request
-            graph = self.program.variant(due)
+            graph = self.optimized.get(key)
+            if graph is None:  # the graph passes once for every rank: they run the same program
+                graph = self.optimized[key] = optimize(self.program.variant(due), list(fetches), fed=list(fed))
             found = self.plans[rank][key] = compile_plan(
-                graph, fetches, fed, self.device, state=self.states[rank], seed=req.seed, own_state=True
-            )
+                graph, fetches, fed, self.device, state=self.states[rank], seed=self.request.seed, own_state=True,
+                optimized=True,
+            )  # fmt: skip
         return found
 
     def feeds(self, rank: int, rows: np.ndarray, step: int, share: float) -> dict:
