@@ -159,12 +159,11 @@ def test_a_killed_backup_member_costs_no_progress(fresh3, kit):
     )
     assert killed.is_set()
     assert [r["step"] for r in history.records] == list(range(1, 61))
-    # usually no step is lost or done again (the driver tells the survivors, which go on without it); when a
-    # survivor's exchange with the dead member fails before the driver has noticed, the engine restarts once from
-    # its last host copy: bounded work, each step still reported once
-    restarts = [e for e in events if isinstance(e, Restarted)]
-    assert len(restarts) <= 1 and sess.last_history.records[-1]["step"] == 60
+    # no step is lost or done again: the driver tells the survivors, which go on without it (a step the dead
+    # member's gradient was used in stands, its record without that member's, even where the member finished
+    # the step and died before the driver fetched its result)
+    assert not [e for e in events if isinstance(e, Restarted)]
+    assert sess.last_history.records[-1]["step"] == 60
     after = history.records[-20:]
-    if not restarts:  # the dead member stays the dropped one
-        assert all(r["dropped"] == [2] and r["arrivals"][2] is None for r in after)
+    assert all(r["dropped"] == [2] and r["arrivals"][2] is None for r in after)  # the dead member stays dropped
     assert np.isfinite(history[model["loss"].name]).all()

@@ -162,18 +162,36 @@ class BackupAllReduceEngine(AllReduceEngine):
 
     def _decided(self, step: int, futures: list, sync: bool) -> list:
         """The results of the members whose gradients ``step`` used (and rank 0's at a sync); None for the rest."""
-        finished = lambda: [f for f in futures if f.status == "finished"]  # noqa: E731
-        self._wait_for(step, futures, lambda: bool(finished()))
-        used = finished()[0].result(timeout=self.deadline.seconds)["used"]
-        wanted = sorted(set(used) | ({0} if sync else set()))
+        gone_with: set[int] = set()  # members that finished, then died: their results went with them
+        finished = lambda: [r for r, f in enumerate(futures) if f.status == "finished" and r not in gone_with]  # noqa: E731
+        decided = None
+        while decided is None:  # any member's result says who was used
+            self._wait_for(step, futures, lambda: bool(finished()))
+            for r in finished():
+                decided = self._result(step, futures, r)
+                if decided is not None:
+                    break
+                gone_with.add(r)
+        wanted = sorted(set(decided["used"]) | ({0} if sync else set()))
         # a used member may die once its gradient is in: the step stands, its record goes without it
         here = lambda r: futures[r].status == "finished" or self.group.addresses[r] in self.lost  # noqa: E731
         self._wait_for(step, futures, lambda: all(here(r) for r in wanted))
         results = [None] * len(futures)
         for r in wanted:
             if futures[r].status == "finished":
-                results[r] = futures[r].result(timeout=self.deadline.seconds)
+                results[r] = self._result(step, futures, r)
         return results
+
+    def _result(self, step: int, futures: list, rank: int) -> dict | None:
+        """Member ``rank``'s result of a finished task; None where its worker died since (the result
+        went with it, and Dask cancels the future): the step stands without that record."""
+        try:
+            return futures[rank].result(timeout=self.deadline.seconds)
+        except Exception:
+            self._check_members(step)  # the scheduler forgets a result when it removes its worker
+            if self.group.addresses[rank] in self.lost:
+                return None
+            raise
 
     def _trailing_done(self, entry) -> bool:
         step, futures, results = entry
@@ -189,7 +207,7 @@ class BackupAllReduceEngine(AllReduceEngine):
         out = list(results)
         for r, f in enumerate(futures):
             if out[r] is None and f.status == "finished":
-                out[r] = f.result(timeout=self.deadline.seconds)
+                out[r] = self._result(step, futures, r)
             elif out[r] is None and f.status == "error":
                 self._check_members(step)
                 if self.group.addresses[r] not in self.lost:
