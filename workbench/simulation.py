@@ -262,9 +262,7 @@ class ReplicaRunner:
             for name in names:
                 saved = variables.get(f"{PREFIX}{rank}/{name}")
                 value = saved if saved is not None else variables[name] if name in variables else slots[name]
-                state[name] = put(np.array(value, copy=True))
-        for plans in self.plans:
-            plans.clear()
+                state[name] = put(np.array(value, copy=True))  # in the same dicts: the plans compiled stay valid
 
     def plan(self, rank: int, fetches: list[str], fed: list[str], due: frozenset = frozenset()):
         """Rank ``rank``'s plan of ``fetches`` from ``fed`` on the program's variant for ``due``, compiled once."""
