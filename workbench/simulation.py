@@ -250,6 +250,7 @@ class ReplicaRunner:
         self.states: list[dict] = [{} for _ in range(ranks)]
         self.plans: list[dict] = [{} for _ in range(ranks)]
         self.optimized: dict = {}  # (due, fetches, fed) -> the pruned, optimized graph every rank's plan runs
+        self._optimizing = threading.Lock()  # replicas' threads compile their own plans at once
 
     def start(self, variables: dict[str, np.ndarray]) -> None:
         """Every rank's state from ``variables``: its own saved copy (``replicas/<rank>/<name>``) where
@@ -269,9 +270,10 @@ class ReplicaRunner:
         key = (due, tuple(fetches), tuple(fed))
         found = self.plans[rank].get(key)
         if found is None:
-            graph = self.optimized.get(key)
-            if graph is None:  # the graph passes once for every rank: they run the same program
-                graph = self.optimized[key] = optimize(self.program.variant(due), list(fetches), fed=list(fed))
+            with self._optimizing:  # the graph passes once for every rank: they run the same program
+                graph = self.optimized.get(key)
+                if graph is None:
+                    graph = self.optimized[key] = optimize(self.program.variant(due), list(fetches), fed=list(fed))
             found = self.plans[rank][key] = compile_plan(
                 graph, fetches, fed, self.device, state=self.states[rank], seed=self.request.seed, own_state=True,
                 optimized=True,
