@@ -275,9 +275,15 @@ class ReplicaRunner:
                 if graph is None:
                     graph = self.optimized[key] = optimize(self.program.variant(due), list(fetches), fed=list(fed))
             found = self.plans[rank][key] = compile_plan(
-                graph, fetches, fed, self.device, state=self.states[rank], seed=self.request.seed, own_state=True,
+                graph,
+                fetches,
+                fed,
+                self.device,
+                state=self.states[rank],
+                seed=self.request.seed,
+                own_state=True,
                 optimized=True,
-            )  # fmt: skip
+            )
         return found
 
     def feeds(self, rank: int, rows: np.ndarray, step: int, share: float) -> dict:
@@ -317,8 +323,9 @@ class SimulatedReplicas:
     workers = None
     restarts = 0
 
-    def __init__(self, request: FitRequest, strategy, replicas: int, backups: int = 0, stragglers=None,
-                 clock: Clock = WALL):  # fmt: skip
+    def __init__(
+        self, request: FitRequest, strategy, replicas: int, backups: int = 0, stragglers=None, clock: Clock = WALL
+    ):
         self.request, self.replicas, self.backups = request, int(replicas), int(backups)
         self.total = self.replicas + self.backups
         if request.batch_size < self.replicas:
@@ -510,8 +517,9 @@ class SimulatedReplicas:
         return StepOutcome(step, fetches, metrics, seconds=seconds, elapsed=self.now)
 
 
-def step_spans(step: int, begin: float, ahead: list[float], arrivals: list[float], used: list[int], seconds: float,
-               met: bool) -> list[dict]:  # fmt: skip
+def step_spans(
+    step: int, begin: float, ahead: list[float], arrivals: list[float], used: list[int], seconds: float, met: bool
+) -> list[dict]:
     """One virtual step's spans (:mod:`workbench.timeline`), one lane per replica, in virtual seconds since
     the fit started: ``compute`` from where the replica's lane stood (``ahead`` of ``begin``) until it
     reached the step's collective (a straggler's delay included, as on the cluster), then, where the

@@ -189,8 +189,9 @@ def test_a_strategy_function_on_the_virtual_clock_trains_as_without_it(strategy)
 
 def test_local_steps_do_not_wait_for_a_straggler_on_the_virtual_clock():
     late = wb.stragglers.Bernoulli(p=0.3, delay=0.2, seed=5)
-    _, local = _variables(replicas=3, strategy=wb.strategies.local_sgd(4), stragglers=late, clock="virtual",
-                          compute_seconds=0.1)  # fmt: skip
+    _, local = _variables(
+        replicas=3, strategy=wb.strategies.local_sgd(4), stragglers=late, clock="virtual", compute_seconds=0.1
+    )
     _, sync = _variables(replicas=3, stragglers=late, clock="virtual", compute_seconds=0.1)
     # each replica runs its local steps by itself; the average every 4 steps waits for the slowest of them
     delays = np.array([r["delays"] for r in local.records])
