@@ -121,3 +121,15 @@ def test_shown_live_the_view_follows_every_run(monkeypatch):
     runs = {r["label"]: r for r in result.view.state["runs"]}
     assert runs["sync"]["steps"] == 5 and runs["async"]["steps"] == 20
     assert all(r["status"] == "done" for r in runs.values())
+
+
+def test_a_strategy_function_run_is_compared_on_the_virtual_clock():
+    runs = {"sync": {}, "local sgd": {"strategy": wb.strategies.local_sgd(5)}}
+    first, second = _compare(runs=runs), _compare(runs=runs)
+    local = first.histories["local sgd"]
+    for key in ("loss", "elapsed", "time", "val_accuracy"):
+        assert np.array_equal(local[key], second.histories["local sgd"][key]), key
+    assert len(local) == 15 and local.records[0]["arrivals"] == [0.01 + d for d in local.records[0]["delays"]]
+    # local steps wait for no straggler: the same delays cost the local run less virtual time
+    assert local["elapsed"][-1] < first.histories["sync"]["elapsed"][-1]
+    assert first.table()["local sgd"]["steps"] == 15

@@ -49,8 +49,6 @@ LAYERS = [
             "workbench.devices",
             "workbench.fitloop",
             "workbench.simulation",
-            "workbench.lab_programs",
-            "workbench.lab_sync",
             "workbench.lab_async",
         ],
     ),

@@ -117,9 +117,9 @@ ASYNC = "async"
 
 
 def local_engine(request: FitRequest, session, replicas, strategy, backups=0, clock=None):
-    """Local training, or with ``replicas`` or a strategy function the one-process simulation of
-    the replicas (:mod:`workbench.simulation`); with stragglers, backups, ``strategy="async"`` or the
-    virtual clock the lab's engines (:mod:`workbench.lab_sync`, :mod:`workbench.lab_async`)."""
+    """Local training, or with ``replicas``, a strategy function, stragglers, backups or the virtual
+    clock the one-process simulation of the replicas (:mod:`workbench.simulation`); with
+    ``strategy="async"`` its asynchronous baseline (:mod:`workbench.lab_async`)."""
     clock = clock or Clock()
     stragglers = request.stragglers
     if stragglers is not None and strategy in (None, "local") and replicas in (None, 1) and not backups:
@@ -128,32 +128,24 @@ def local_engine(request: FitRequest, session, replicas, strategy, backups=0, cl
         )
     if strategy == ASYNC:
         return local_async(request, replicas, backups, clock)
-    if stragglers is not None or backups or clock.virtual:
-        if strategy not in (None, "local", "allreduce"):
-            raise ArgumentError(
-                f"stragglers, backup_replicas and clock='virtual' in the simulation run strategy 'allreduce' "
-                f"(the default) or 'async', not {strategy!r}"
-            )
-        synced = forward_collectives(request.graph)
-        if synced and (replicas or 1) + int(backups or 0) > 1:
-            raise ArgumentError(
-                f"the graph exchanges values between replicas in its forward pass ({synced[0]!r}: a "
-                "synchronized batch norm), which the simulation with stragglers, backup replicas or "
-                "clock='virtual' does not run (each replica computes its gradient on its own there); "
-                "leave those out, or simulate a model without cross-replica ops"
-            )
-        from workbench.lab_sync import SyncReplicas
-
-        return SyncReplicas(request, replicas or 1, backups, stragglers, clock)
-    if strategy in (None, "local") and replicas in (None, 1):
+    lab = stragglers is not None or backups or clock.virtual
+    if strategy in (None, "local") and replicas in (None, 1) and not lab:
         return LocalSteps(session, request)
     if strategy == "parameter_server":
         raise ClusterError(
             "strategy='parameter_server' needs a cluster: create the session with cluster='local' or an address"
         )
+    synced = forward_collectives(request.graph)
+    if backups and synced:
+        raise ArgumentError(
+            f"the graph exchanges values between replicas in its forward pass ({synced[0]!r}: a "
+            "synchronized batch norm), which the simulation with backup replicas does not run (a backup "
+            "left out of a step would hold its peers' forward pass); leave backup_replicas out"
+        )
     from workbench.simulation import SimulatedReplicas
 
-    return SimulatedReplicas(request, "allreduce" if strategy in (None, "local") else strategy, replicas or 1)
+    chosen = "allreduce" if strategy in (None, "local") else strategy
+    return SimulatedReplicas(request, chosen, replicas or 1, int(backups or 0), stragglers, clock)
 
 
 def refuse_forward_collectives(request: FitRequest, strategy, backups) -> None:

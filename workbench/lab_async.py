@@ -13,6 +13,13 @@ was ready, delay included).
 
 On the virtual clock (:mod:`workbench.clock`) the replicas' reads and arrivals are events on one
 timeline and nothing sleeps; on the wall clock each replica is a thread.
+
+The replicas' plans are compiled and run by the simulation's :class:`~workbench.simulation.ReplicaRunner`,
+from one replica program (:mod:`workbench.strategies.program`) whose strategy applies gradients
+handed in: one plan gives a replica's gradients and the fit's fetches on its shard, the other is the
+fit's optimizer (slots and all) applied by the server to each gradient as it arrives. The exchange
+cannot sit inside a replica's plan as an ``all_reduce``: the server decides when each gradient is
+applied, from the arrivals.
 """
 
 from __future__ import annotations
@@ -25,13 +32,64 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from workbench import ops
 from workbench.clock import WALL, Clock
 from workbench.errors import ArgumentError, ClusterError
 from workbench.fitloop import FitRequest, StepOutcome, interrupts_at_step_boundaries
-from workbench.lab_programs import LabPrograms, shards
+from workbench.simulation import ReplicaRunner, shards
 from workbench.spans import span, tracing
+from workbench.strategies.program import UPDATE, ReplicaProgram
+from workbench.strategies.registry import Strategy
 from workbench.stragglers import coerce
 from workbench.training import batch_indices
+
+
+class HandedIn:
+    """The replica program of asynchronous SGD, its two plans' fetches and feeds, and how to run them.
+
+    Attributes
+    ----------
+    gradients : list of str
+        The gradient tensors, in the optimizer's order.
+    fed : list of str
+        The placeholders the apply plan takes the gradients through, in the same order.
+    """
+
+    def __init__(self, request: FitRequest, ranks: int):
+        if request.stats_every:
+            raise ArgumentError("fit(stats=...) is not computed by the simulation's asynchronous runs")
+        self.request = request
+        fed: list[str] = []
+
+        def apply_fed_gradients(r):
+            handed = {}
+            for i, v in enumerate(r.variables):
+                handed[v] = ops.placeholder(f"gradient_{i}", shape=v.shape, dtype=v.dtype)
+                fed.append(handed[v].name)
+            r.apply(handed)
+
+        strategy = Strategy("handed_in", apply_fed_gradients)
+        fetches = tuple(request.fetches.values())
+        program = ReplicaProgram.build(request.graph, request.train, strategy, 1, fetches, request.feeds)
+        self.runner = ReplicaRunner(request, program, ranks)
+        self.gradients = [g for g, _ in program.record.record.gradients]
+        self.fed = fed
+        self.labels = list(request.fetches)
+
+    def compute(self, rank: int, rows: np.ndarray, offset: int, step: int) -> tuple[list, list]:
+        """Rank ``rank``'s gradients (host copies) and fetches on ``rows`` of the data at ``step`` (1-based),
+        on the variables its state holds now."""
+        req, runner = self.request, self.runner
+        plan = runner.plan(rank, [*self.gradients, *req.fetches.values()], list(req.data))
+        values = runner.run(plan, runner.feeds(rank, rows, step, 1.0), step, offset)
+        host = [np.array(req.device.to_host(v)) for v in values]
+        return host[: len(self.gradients)], host[len(self.gradients) :]
+
+    def apply(self, rank: int, gradients: list) -> None:
+        """Run the optimizer's update on rank ``rank``'s state with ``gradients`` (host arrays, in order)."""
+        put, runner = self.request.device.put, self.runner
+        plan = runner.plan(rank, [UPDATE], self.fed)
+        runner.run(plan, {name: put(g) for name, g in zip(self.fed, gradients, strict=True)})
 
 
 class _Batches:
@@ -74,9 +132,10 @@ class AsyncReplicas:
             )
         self.stragglers = coerce(stragglers, self.replicas)
         self.clock = clock
-        self.programs = LabPrograms(request)
+        self.programs = HandedIn(request, self.replicas + 1)  # the replicas' states, then the server's
+        self.server = self.replicas
+        self.state = self.programs.runner.states[self.server]
         self.batches = _Batches(request, self.replicas)
-        self.state: dict = {}
         self.lock = threading.Lock()
         self.step, self.now = 0, 0.0
         self._threads: list[threading.Thread] = []
@@ -84,15 +143,14 @@ class AsyncReplicas:
 
     # -- state ------------------------------------------------------------------------------
     def start(self, variables: dict[str, np.ndarray], step: int) -> None:
-        self.state = self.programs.initial_state(variables)
-        self.apply_plan = self.programs.apply_plan(self.state)
+        self.programs.runner.start(variables)
         self.step, self.now = step, 0.0
         # a resumed fit starts every replica afresh, at the global batch the steps done have reached
         self.batch = [step // self.replicas] * self.replicas
 
     def variables(self) -> tuple[dict[str, np.ndarray], int]:
         with self.lock:
-            return self.programs.host_variables(self.state), self.step
+            return self.programs.runner.variables(self.server), self.step
 
     def settle(self, step: int) -> tuple[dict[str, np.ndarray], int]:
         return self.variables()
@@ -106,13 +164,14 @@ class AsyncReplicas:
     def _delay(self, j: int, r: int) -> float:
         return self.stragglers.delay(j, r) if self.stragglers else 0.0
 
-    def _gradient(self, plan, r: int) -> dict:
-        """Replica r's next gradient, on the variables its plan reads now."""
+    def _gradient(self, rank: int, r: int) -> dict:
+        """Replica r's next gradient, on the variables rank ``rank``'s state holds now (the server's, on the
+        virtual clock: the replicas read one after another)."""
         self.batch[r] += 1
         j = self.batch[r]
         rows, offset = self.batches.shard(j, r)
         started = time.perf_counter()
-        gradients, fetched = self.programs.compute(plan, rows, offset, j)
+        gradients, fetched = self.programs.compute(rank, rows, offset, j)
         return {"gradients": gradients, "fetches": fetched, "compute": time.perf_counter() - started, "batch": j}
 
     # -- steps ------------------------------------------------------------------------------
@@ -126,7 +185,7 @@ class AsyncReplicas:
                     started = time.perf_counter()
                     reply = next(arrivals)
                     with self.lock:
-                        self.programs.apply(self.apply_plan, reply["gradients"])
+                        self.programs.apply(self.server, reply["gradients"])
                         staleness = self.step - reply["version"]
                         self.step = step
                     if "applied" in reply:  # the wall clock's replica thread reads again now
@@ -141,11 +200,10 @@ class AsyncReplicas:
 
     def _virtual(self) -> Iterator[dict]:
         """Arrivals in virtual time: every replica reads at 0, then right after its gradient is applied."""
-        plan = self.programs.gradient_plan(self.state)
         heap: list = []
 
         def read(r: int, at: float) -> None:
-            reply = self._gradient(plan, r)
+            reply = self._gradient(self.server, r)
             reply.update(replica=r, version=self.step, delay=self._delay(reply["batch"], r))
             reply["arrival"] = self.clock.compute(reply["compute"]) + reply["delay"]
             reply["at"] = at + reply["arrival"]
@@ -180,16 +238,14 @@ class AsyncReplicas:
             self.close()
 
     def _replica(self, r: int, handed: queue.Queue) -> None:
-        own: dict = {}
-        plan = None
+        own = self.programs.runner.states[r]
         try:
             while not self._stop.is_set():
                 with self.lock:  # the read: a copy of the server's variables
                     own.update({n: v.copy() for n, v in self.state.items()})
                     version = self.step
                 read = time.perf_counter()
-                plan = plan or self.programs.gradient_plan(own)
-                reply = self._gradient(plan, r)
+                reply = self._gradient(r, r)
                 delay = self._delay(reply["batch"], r)
                 if delay > 0 and self._stop.wait(delay):
                     return

@@ -11,8 +11,11 @@ arrival is no earlier than the moment the step went on without it; None where it
 
 A member that leaves the cluster costs nothing while ``R`` others remain and it is not rank 0 (the
 one that decides): the driver tells the others (a step it was used in and not committed yet is
-decided again without it), and its gradients are never among the first ``R`` again. Otherwise the run restarts
-from its last host copy, as without backups.
+decided again without it), and its gradients are never among the first ``R`` again; a step it
+finished before it died stands, its record without that member's result. A member that stops
+answering (a stopped process: its heartbeats stop) is treated so once a step has waited a few
+seconds on it, and left out of the fit. Otherwise the run restarts from its last host copy, as
+without backups.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 
 from workbench.cluster.collective.allreduce import AllReduceEngine, _outcome_fetches
-from workbench.cluster.health import scheduler_workers
+from workbench.cluster.health import scheduler_workers, silence_threshold
 from workbench.cluster.lower import allreduce_key, key_label, shards
 from workbench.cluster.collective.replica import peers_gone
 from workbench.cluster.collective.stat_combine import combine_stats, stat_rules
@@ -61,14 +64,36 @@ class BackupAllReduceEngine(AllReduceEngine):
     def _needed(self, members: int) -> int | None:
         return self.needed
 
-    def _check_members(self, step: int) -> None:
-        """A member that left costs nothing while ``R`` remain and rank 0 (which decides) is there."""
+    def _check_members(self, step: int, waited: float = 0.0) -> None:
+        """A member that left costs nothing while ``R`` remain and rank 0 (which decides) is there; nor does
+        one that stopped answering (its heartbeats stopped) while the step waited ``waited`` seconds."""
         gone = set(self.group.addresses) - set(scheduler_workers(self.client, self.deadline.seconds))
-        fresh, self.lost = gone - self.lost, gone
+        stopped = self._stopped(waited)
+        fresh, self.lost = (gone | stopped) - self.lost, self.lost | gone | stopped
         if fresh:
             self._tell_gone(fresh)
-        if self.group.addresses[0] in gone or self.group.size - len(gone) < self.needed:
-            raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
+        if self.group.addresses[0] in self.lost or self.group.size - len(self.lost) < self.needed:
+            why = [f"{a} {'stopped answering' if a in self.stopped else 'left the cluster'}" for a in sorted(self.lost)]
+            raise CollectiveError(f"step {step}: worker {', '.join(why)}")
+
+    #: Members left out of this run because their heartbeats stopped (address to seconds of silence).
+    stopped: dict = {}
+    _silence_asked = 0.0
+
+    def _stopped(self, waited: float) -> set[str]:
+        """Members whose heartbeats stopped while a step made no progress for ``waited`` seconds (a stopped
+        process holds a step it was chosen for until the step deadline otherwise): asked of the scheduler
+        at most once a second, from :func:`~workbench.cluster.health.silence_threshold` seconds on; left
+        out of the fit from then on, as a restart would leave them out."""
+        now = time.monotonic()
+        if waited < silence_threshold(0.0) or now < self._silence_asked + 1.0:
+            return set(self.stopped)
+        self._silence_asked = now
+        found = self.membership.silent([a for a in self.group.addresses if a not in self.lost], waited)
+        if found:
+            self.membership.leave_out(found, found)
+            self.stopped = {**self.stopped, **found}
+        return set(self.stopped)
 
     def _tell_gone(self, gone: set) -> None:
         """The members still there hear who left: a step that used a departed member's gradient and is
@@ -100,7 +125,7 @@ class BackupAllReduceEngine(AllReduceEngine):
         """As :meth:`AllReduceEngine.run`; a step leaves the window once its used members are done."""
         if self.host is None:
             raise ClusterError("start(variables, step) comes before run()")
-        self.lost, reported, submitted = set(), first - 1, first - 1
+        self.lost, self.stopped, reported, submitted = set(), {}, first - 1, first - 1
         every, pending = self.sync_every, deque()  # (step, futures, results) decided, not reported yet
         synced = lambda s: s == last or bool(sync_at(s)) or bool(every and s % every == 0)  # noqa: E731
         while reported < last:
@@ -127,7 +152,7 @@ class BackupAllReduceEngine(AllReduceEngine):
                         yield self._outcome(step, results)
             except self._transient as e:
                 pending.clear()
-                self._last_decided, self.lost = None, set()
+                self._last_decided, self.lost, self.stopped = None, set(), {}
                 self._recover(step, e)
                 submitted = self.host[1]
 
@@ -158,23 +183,50 @@ class BackupAllReduceEngine(AllReduceEngine):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"step {step} made no progress for {self.deadline.seconds:g} s")
             if not changed.wait(self.poll):
-                self._check_members(step)
+                self._check_members(step, time.monotonic() - waited)
         self.deadline.progressed(time.monotonic() - waited)
 
     def _decided(self, step: int, futures: list, sync: bool) -> list:
         """The results of the members whose gradients ``step`` used (and rank 0's at a sync); None for the rest."""
-        finished = lambda: [f for f in futures if f.status == "finished"]  # noqa: E731
-        self._wait_for(step, futures, lambda: bool(finished()))
-        used = finished()[0].result(timeout=self.deadline.seconds)["used"]
-        wanted = sorted(set(used) | ({0} if sync else set()))
+        gone_with: set[int] = set()  # members that finished, then died: their results went with them
+        finished = lambda: [r for r, f in enumerate(futures) if f.status == "finished" and r not in gone_with]  # noqa: E731
+        decided = None
+        while decided is None:  # any member's result says who was used
+            self._wait_for(step, futures, lambda: bool(finished()))
+            for r in finished():
+                decided = self._result(step, futures, r)
+                if decided is not None:
+                    break
+                gone_with.add(r)
+        wanted = sorted(set(decided["used"]) | ({0} if sync else set()))
         # a used member may die once its gradient is in: the step stands, its record goes without it
         here = lambda r: futures[r].status == "finished" or self.group.addresses[r] in self.lost  # noqa: E731
         self._wait_for(step, futures, lambda: all(here(r) for r in wanted))
         results = [None] * len(futures)
         for r in wanted:
             if futures[r].status == "finished":
-                results[r] = futures[r].result(timeout=self.deadline.seconds)
+                results[r] = self._result(step, futures, r)
         return results
+
+    def _result(self, step: int, futures: list, rank: int) -> dict | None:
+        """Member ``rank``'s result of a finished task; None where its worker died or stopped since (the
+        result went with it, and Dask cancels the future; or it cannot be fetched): the step stands
+        without that record. Bounded by the step deadline."""
+        began = time.monotonic()
+        while True:
+            try:
+                return futures[rank].result(timeout=max(self.poll, 1.0))
+            except TimeoutError:
+                waited = time.monotonic() - began
+                if waited > self.deadline.seconds:
+                    raise TimeoutError(f"step {step}: no result from member {rank} for {waited:.0f} s") from None
+                self._check_members(step, waited)  # a stopped worker's result never comes
+            except Exception:
+                self._check_members(step)  # the scheduler forgets a result when it removes its worker
+                if self.group.addresses[rank] not in self.lost:
+                    raise
+            if self.group.addresses[rank] in self.lost:
+                return None
 
     def _trailing_done(self, entry) -> bool:
         step, futures, results = entry
@@ -190,7 +242,7 @@ class BackupAllReduceEngine(AllReduceEngine):
         out = list(results)
         for r, f in enumerate(futures):
             if out[r] is None and f.status == "finished":
-                out[r] = f.result(timeout=self.deadline.seconds)
+                out[r] = self._result(step, futures, r)
             elif out[r] is None and f.status == "error":
                 self._check_members(step)
                 if self.group.addresses[r] not in self.lost:

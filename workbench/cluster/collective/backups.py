@@ -38,9 +38,10 @@ have had them all), else *abort*, and the step is decided again (the next attemp
 still there that have a gradient (each keeps its own until it applies the step). All ranks apply
 the same attempt of every step. The price: each rank keeps the sums of its last
 :data:`KEEP_STEPS` steps (to hand them on). A rank that stops answering without leaving (a stopped
-process) after it was chosen holds the step until the driver's step deadline, which restarts the
-run without it; a rank that does not report, or too few ranks with a gradient, fail the step the
-same way.
+process) after it was chosen holds the step until the driver sees its heartbeats stopped (a few
+seconds without progress, :func:`~workbench.cluster.health.silence_threshold`): the driver then tells
+the others as if it had left, and leaves it out of the fit. A stopped rank 0, a rank that does not
+report, or too few ranks with a gradient fail the step (the driver restarts from its host copy).
 """
 
 from __future__ import annotations
