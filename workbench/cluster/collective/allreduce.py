@@ -79,6 +79,25 @@ def _outcome_fetches(program, labels: list, results: list, rescale: float = 1.0)
     return fetches
 
 
+def fit_keywords(request, options, events) -> dict:
+    """What every engine of the all-reduce family takes from one fit (a :class:`~workbench.fitloop.FitRequest`)
+    and its :class:`~workbench.cluster.options.ClusterOptions`, besides its program, data and replicas."""
+    return {
+        "workers": options.workers,
+        "window": options.window,
+        "timeout": min(60.0, options.step_timeout or 60.0),
+        "step_timeout": options.step_timeout,
+        "name": request.graph.name,
+        "labels": list(request.fetches),
+        "sync_every": options.sync_every,
+        "events": events,
+        "reason": options.reason,
+        "stats_labels": list(request.stats),
+        "stats_every": request.stats_every,
+        "resident": options.resident,
+    }
+
+
 class AllReduceEngine(Coordinated):
     """Synchronous data-parallel training where replicas all-reduce their gradients worker to worker.
 
@@ -224,20 +243,9 @@ class AllReduceEngine(Coordinated):
             request.data,
             request.batch_size,
             request.batch_seed,
-            workers=options.workers,
             replicas=options.replicas,
-            window=options.window,
-            timeout=min(60.0, options.step_timeout or 60.0),
-            step_timeout=options.step_timeout,
-            name=request.graph.name,
-            labels=list(request.fetches),
-            sync_every=options.sync_every,
-            events=events,
-            reason=options.reason,
-            stats_labels=list(request.stats),
-            stats_every=request.stats_every,
             stragglers=stragglers,
-            resident=options.resident,
+            **fit_keywords(request, options, events),
         )
         engine.backups = options.backup_replicas
         return engine

@@ -294,13 +294,9 @@ class Replica:
     def close(self) -> None:
         """End this replica: a step not yet begun fails at once; the plans go back to :data:`WARM` unless a
         step is running or failed (its arrays are then left to it)."""
-        with self.turn:
-            if self.closed:
-                return
-            self.closed = True
-            reusable = not self._running and self.failed is None
-            self.failed = self.failed or "its run ended (the replica was closed)"
-            self.turn.notify_all()
+        reusable = retire(self)
+        if reusable is None:
+            return
         if self.backup is not None:
             self.backup.close()
         self.comm.close()
@@ -357,15 +353,33 @@ def start_replica(
     when the scheduler releases this task (its client left, or dropped the run) and, with ``lease``,
     when no step came for that many seconds (see :func:`expired`).
     """
+    return hold(Replica(program, variables, step, group, bucket_bytes, data, needed), group, lease)
+
+
+def hold(replica, group: CollectiveGroup, lease: float) -> str:
+    """Keep ``replica`` (a :class:`Replica` or a strategy replica) as this worker's replica of ``group``'s
+    run, under this start task's key and ``lease``, closing older generations of the same run; its address."""
     run = group.token.rsplit(".", 1)[0]
-    replica = Replica(program, variables, step, group, bucket_bytes, data, needed)
     replica.start_key, replica.lease = _current_key(), float(lease or 0.0)
     _watch_leases()
-    with _LOCK:
+    with _LOCK:  # one table for both kinds: stop_replicas, the leases and the thread-pool rule cover them all
         for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
             _REPLICAS.pop(token).close()
         _REPLICAS[group.token] = replica
     return group.addresses[replica.comm.rank]
+
+
+def retire(replica) -> bool | None:
+    """Mark ``replica`` closed under its turn lock (a step that has not begun fails at once): whether its
+    plans may serve another replica (no step running, none failed); None if it was closed already."""
+    with replica.turn:
+        if replica.closed:
+            return None
+        replica.closed = True
+        reusable = not replica._running and replica.failed is None
+        replica.failed = replica.failed or "its run ended (the replica was closed)"
+        replica.turn.notify_all()
+    return reusable
 
 
 def run_step(

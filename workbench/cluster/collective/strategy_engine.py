@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.cluster import failures
-from workbench.cluster.collective.allreduce import AllReduceEngine
+from workbench.cluster.collective.allreduce import AllReduceEngine, fit_keywords
 from workbench.cluster.program import worker_device
 from workbench.cluster.collective.stat_combine import graph_stat_rules, norm_variables
 from workbench.cluster.collective.strategy_replica import StrategyProgram, run_strategy_step, start_strategy_replica
@@ -193,19 +193,8 @@ def make(request, client, options, events, strategy):
             data={n: np.asarray(request.data[n]) for n in shipped.feeds},
             batch_size=request.batch_size,
             batch_seed=request.batch_seed,
-            workers=options.workers,
             replicas=replicas,
-            window=options.window,
-            timeout=min(60.0, options.step_timeout or 60.0),
-            step_timeout=options.step_timeout,
-            name=request.graph.name,
-            labels=list(request.fetches),
-            sync_every=options.sync_every,
-            events=events,
-            reason=options.reason,
             stragglers=stragglers,
-            stats_labels=list(request.stats),
-            stats_every=request.stats_every,
-            resident=options.resident,
+            **fit_keywords(request, options, events),
         )
     return engine

@@ -27,7 +27,7 @@ import numpy as np
 from workbench.cluster.collective.group import CollectiveGroup, communicator
 from workbench.cluster.program import take_rows
 from workbench.cluster.worker_plans import WARM
-from workbench.cluster.collective.replica import _LOCK, _REPLICAS, _current_key, _watch_leases, leave_thread_pool
+from workbench.cluster.collective.replica import _REPLICAS, hold, leave_thread_pool, retire
 from workbench.cluster.spans import worker_marks
 from workbench.errors import ClusterError, CollectiveError
 from workbench.graph.batch_reduction import weighted
@@ -333,13 +333,9 @@ class StrategyReplica:
     def close(self) -> None:
         """End this replica: a step not yet begun fails at once; the plans go back to
         :data:`~workbench.cluster.worker_plans.WARM` unless a step is running or failed."""
-        with self.turn:
-            if self.closed:
-                return
-            self.closed = True
-            reusable = not self._running and self.failed is None
-            self.failed = self.failed or "its run ended (the replica was closed)"
-            self.turn.notify_all()
+        reusable = retire(self)
+        if reusable is None:
+            return
         self.comm.close()
         if reusable:
             WARM.give_back(self.compiled)
@@ -353,15 +349,7 @@ def start_strategy_replica(
 ):
     """Make this worker's replica of ``group``'s run (dropping older generations of the same run); its
     lease is the all-reduce engine's (see :func:`workbench.cluster.collective.replica.start_replica`)."""
-    run = group.token.rsplit(".", 1)[0]
-    replica = StrategyReplica(program, variables, step, group, data)
-    replica.start_key, replica.lease = _current_key(), float(lease or 0.0)
-    _watch_leases()
-    with _LOCK:  # the all-reduce engine's table: its stop_replicas and thread-pool rule cover these too
-        for token in [t for t in _REPLICAS if t.rsplit(".", 1)[0] == run]:
-            _REPLICAS.pop(token).close()
-        _REPLICAS[group.token] = replica
-    return group.addresses[replica.comm.rank]
+    return hold(StrategyReplica(program, variables, step, group, data), group, lease)
 
 
 def run_strategy_step(
