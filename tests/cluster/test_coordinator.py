@@ -183,17 +183,37 @@ def test_a_relaunch_that_fails_is_one_more_restart_from_the_same_copy():
     assert engine.restarts == 2 and outcomes[-1].metrics["restarts"] == 2
 
 
-def test_recover_restarts_at_once_for_a_run_loop_of_its_own():
-    """What the backup engine's loop calls: the same restart, from the host copy, members chosen again."""
-    engine = _Engine(hang=True)
-    engine.host = ({"v": 3.0}, 3)
-    engine.fail_launches = 1
-    engine._recover(5, CollectiveError("step 5 lost"))
-    assert engine.membership.left_out == {"w1": 30.0}
-    assert engine.launched == [(["w0"], 3)] and engine.restarts == 2
-    engine.max_restarts = 2
-    with pytest.raises(ClusterError, match="training failed 3 times; last at step 4: OSError: gone"):
-        engine._recover(4, OSError("gone"))
+class _LateEngine(_Engine):
+    """Records made whole later, as the backup engine's: a step's record waits for one more result, which
+    comes two steps after it was decided (at once when the run is over)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.gathered, self.completed = [], []
+
+    def _gather(self, step, sync):
+        self.gathered.append(step)
+        return super()._gather(step, sync)
+
+    def _outcome(self, step, results):
+        return ("late", step, results)
+
+    def _complete(self, outcomes, final):
+        for k, entry in enumerate(outcomes):
+            if isinstance(entry, tuple):
+                if not final and self.gathered[-1] < entry[1] + 2:
+                    return  # in order
+                self.completed.append((entry[1], self.gathered[-1], final))
+                outcomes[k] = super()._outcome(entry[1], entry[2])
+
+
+def test_records_made_whole_later_are_yielded_in_order_once_whole():
+    engine = _LateEngine()
+    steps, outcomes = _run(engine, last=7, sync_at=lambda s: s == 5)
+    assert steps == list(range(1, 8)) and [o.fetches["value"] for o in outcomes] == [float(s) for s in steps]
+    assert engine.completed[:4] == [(1, 3, False), (2, 4, False), (3, 5, False), (4, 6, False)]
+    assert all(final for _, _, final in engine.completed[-2:])  # the last ones once the run is over
+    assert engine.host == ({"v": 7.0}, 7)
 
 
 @pytest.mark.parametrize("status", ["connecting", "closed"])

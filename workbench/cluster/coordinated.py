@@ -9,9 +9,10 @@ runs with ``hold_at_sync=False``: the step tasks of a sync point bring its varia
 results, so the window stays full across syncs.
 
 It is the all-reduce engine's ``run`` (``class AllReduceEngine(Coordinated)``), so the built-in
-engine and the strategy engine (:mod:`workbench.cluster.collective.strategy_engine`) restart, choose members
-and keep their window in one place. :meth:`Coordinated._recover` serves an engine with a run loop
-of its own (the backup engine's): the same restart, carried out at once.
+engine, the strategy engine (:mod:`workbench.cluster.collective.strategy_engine`) and the backup engine
+(:mod:`workbench.cluster.collective.backup_engine`: its steps leave the window once the members they
+used are done, and are reported once the late members' arrival times are in, ``_complete``) restart,
+choose members and keep their window in one place.
 """
 
 from __future__ import annotations
@@ -46,13 +47,25 @@ class Coordinated:
         self._results: tuple | None = None  # (step, the members' results) of the step just gathered
         self._silent, self._error = {}, None  # of the last failure
         todo, outcomes = deque(coordinator.start()), deque()
+        self._outcomes = outcomes  # recorded, not yielded yet
         while True:
             finished = self._carry_out(todo, coordinator, outcomes)
-            while outcomes and (not sync_at(outcomes[0].step) or self.host[1] >= outcomes[0].step):
+            self._complete(outcomes, finished)
+            while (
+                outcomes
+                and isinstance(outcomes[0], StepOutcome)
+                and (not sync_at(outcomes[0].step) or self.host[1] >= outcomes[0].step)
+            ):
                 yield outcomes.popleft()
             if finished:
                 return
             todo.extend(self._next(coordinator))
+
+    def _complete(self, outcomes: deque, final: bool) -> None:
+        """Turn what ``_outcome`` recorded into :class:`StepOutcome` objects where it was not one yet: the
+        hook of an engine whose records wait for more than the step needed (the backup engine's late
+        members' arrival times); ``final``: the run is over, wait for them. Outcomes are yielded in order,
+        each once it is whole."""
 
     def _carry_out(self, todo: deque, coordinator: Coordinator, outcomes: deque) -> bool:
         """Carry out the coordinator's instructions; True once it says Finish."""
@@ -101,15 +114,6 @@ class Coordinated:
             return coordinator.failed(step, error, self._silent)  # a ClusterError past max_restarts
         finally:
             self.restarts = coordinator.restarts
-
-    def _recover(self, step: int, error: BaseException) -> None:
-        """Step ``step`` was lost with ``error``: a new generation from the host copy now, as :meth:`run`
-        would start it (for a run loop of its own; a relaunch that fails too is one more restart)."""
-        at = self.host[1]
-        coordinator = Coordinator(at, at, window=self.window, max_restarts=self.max_restarts, hold_at_sync=False)
-        coordinator.restarts = self.restarts
-        self._silent, self._error = {}, None
-        self._carry_out(deque(self._lost(coordinator, step, error)), coordinator, deque())
 
     def _relaunch(self, restart: Restart) -> None:
         """A new generation on the workers left, from the host copy of ``restart.step``."""

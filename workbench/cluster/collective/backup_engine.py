@@ -16,6 +16,10 @@ finished before it died stands, its record without that member's result. A membe
 answering (a stopped process: its heartbeats stop) is treated so once a step has waited a few
 seconds on it, and left out of the fit. Otherwise the run restarts from its last host copy, as
 without backups.
+
+The run loop is the coordinated one (:mod:`workbench.cluster.coordinated`), as every engine of the
+family's: a step leaves the window once its used members are done (``_gather``), and its record is
+made whole, in order, once the late members' results are in (``_complete``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import contextlib
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from workbench.cluster.collective.allreduce import AllReduceEngine, _outcome_fetches
 from workbench.cluster.health import scheduler_workers, silence_threshold
@@ -33,10 +38,18 @@ from workbench.cluster.lower import allreduce_key, key_label, shards
 from workbench.cluster.collective.replica import peers_gone
 from workbench.cluster.collective.stat_combine import combine_stats, stat_rules
 from workbench.errors import ClusterError, CollectiveError, WorkbenchError
-from workbench.events import Synced
 from workbench.fitloop import StepOutcome
 from workbench.stragglers import step_delays
 from workbench.training import batch_indices
+
+
+@dataclass
+class _Late:
+    """A step decided (its used members done) whose record waits for the late members' results."""
+
+    step: int
+    futures: list
+    results: list
 
 
 class BackupAllReduceEngine(AllReduceEngine):
@@ -52,6 +65,12 @@ class BackupAllReduceEngine(AllReduceEngine):
     #: Steps decided but not reported yet (waiting for a late member's arrival time) at most: a late
     #: member that catches up by applying the updates it was left out of is this far behind at worst.
     lag = 64
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._syncs: set[int] = set()  # the sync points submitted
+        self._late: dict[int, list] = {}  # a decided step's futures, until its record is made
+        self._outcomes: deque = deque()  # the coordinated loop's records not yielded yet (its run sets it)
 
     # -- members ----------------------------------------------------------------------------------
     def _choose_members(self) -> list[str]:
@@ -121,40 +140,57 @@ class BackupAllReduceEngine(AllReduceEngine):
             offset += len(part)
         return calls
 
-    def run(self, first: int, last: int, sync_at: Callable[[int], bool]) -> Iterator[StepOutcome]:
-        """As :meth:`AllReduceEngine.run`; a step leaves the window once its used members are done."""
-        if self.host is None:
-            raise ClusterError("start(variables, step) comes before run()")
-        self.lost, self.stopped, reported, submitted = set(), {}, first - 1, first - 1
-        every, pending = self.sync_every, deque()  # (step, futures, results) decided, not reported yet
-        synced = lambda s: s == last or bool(sync_at(s)) or bool(every and s % every == 0)  # noqa: E731
-        while reported < last:
-            while submitted < last and len(self.flight) < self.window:
-                submitted += 1
-                self._submit(submitted, synced(submitted))
-            try:
-                if self.flight:
-                    step, futures = self.flight[0]
-                    pending.append((step, futures, self._decided(step, futures, synced(step))))
-                    self.flight.popleft()
-                if len(pending) > self.lag:  # reports lag the training by this many steps at most
-                    old, futures, results = pending[0]
-                    self._wait_for(old, futures, lambda: self._trailing_done(pending[0]))
-                while pending and (not self.flight or self._trailing_done(pending[0])):
-                    step, futures, results = pending.popleft()
-                    results = self._trailing(step, futures, results)
-                    if results[0] is not None and "variables" in results[0]:
-                        self.host = (results[0]["variables"], step)
-                        if self.events is not None:
-                            self.events.emit(Synced, step=step)
-                    if step > reported:
-                        reported = step
-                        yield self._outcome(step, results)
-            except self._transient as e:
-                pending.clear()
-                self._last_decided, self.lost, self.stopped = None, set(), {}
-                self._recover(step, e)
-                submitted = self.host[1]
+    # -- the coordinated loop's hooks (workbench.cluster.coordinated) -----------------------------
+    def _launch(self, members: list[str]) -> None:
+        self.lost, self.stopped, self._last_decided = set(), {}, None  # of this generation
+        super()._launch(members)
+
+    def _submit(self, step: int, sync: bool) -> None:
+        if sync:
+            self._syncs.add(step)  # its decision waits for rank 0 too: its result brings the variables home
+        super()._submit(step, sync)
+
+    def _gather(self, step: int, futures: list) -> list:
+        """The step leaves the window once the members whose gradients it used are done (and rank 0 at a sync)."""
+        results = self._decided(step, futures, step in self._syncs)
+        for old in [s for s in self._late if s < step]:  # redone steps are not recorded twice: let them go
+            del self._late[old]
+        self._late[step] = futures
+        return results
+
+    def _outcome(self, step: int, results: list):
+        """Recorded now, made whole once the late members' arrival times are in (:meth:`_complete`)."""
+        return _Late(step, self._late.pop(step), results)
+
+    def _complete(self, outcomes: deque, final: bool) -> None:
+        """Each late record in order, once its dropped members finished (their arrival times): at once while
+        steps are in flight, waited for (bounded) when none are, at the end, or when the reports lag the
+        training by more than :attr:`lag` steps."""
+        for k, entry in enumerate(outcomes):
+            if not isinstance(entry, _Late):
+                continue
+            late = sum(isinstance(o, _Late) for o in outcomes)
+            if not self._trailing_done(entry):
+                if self.flight and not final and late <= self.lag:
+                    return  # in order: the next ones wait for this one
+                with contextlib.suppress(*self._transient, WorkbenchError):  # a late member lost or broken:
+                    self._wait_for(entry.step, entry.futures, lambda e=entry: self._trailing_done(e))
+            outcomes[k] = self._outcome_of(entry)  # its record goes without what did not come
+
+    def _relaunch(self, restart) -> None:
+        """Before a new generation: the records decided in this one, with the late results that came."""
+        for k, entry in enumerate(self._outcomes):
+            if isinstance(entry, _Late):
+                self._outcomes[k] = self._outcome_of(entry)
+        super()._relaunch(restart)
+
+    def _outcome_of(self, entry: _Late) -> StepOutcome:
+        results = list(entry.results)
+        for r, f in enumerate(entry.futures):
+            if results[r] is None and f.status == "finished":
+                with contextlib.suppress(*self._transient, WorkbenchError):
+                    results[r] = self._result(entry.step, entry.futures, r)
+        return self._step_outcome(entry.step, results)
 
     def _failed(self, step: int, future) -> BaseException:
         error = future.exception()
@@ -228,28 +264,14 @@ class BackupAllReduceEngine(AllReduceEngine):
             if self.group.addresses[rank] in self.lost:
                 return None
 
-    def _trailing_done(self, entry) -> bool:
-        step, futures, results = entry
+    def _trailing_done(self, entry: _Late) -> bool:
+        """Every member of ``entry``'s step has a result in, a finished task, or left."""
         return all(
-            results[r] is not None or f.status != "pending" or self.group.addresses[r] in self.lost
-            for r, f in enumerate(futures)
+            entry.results[r] is not None or f.status != "pending" or self.group.addresses[r] in self.lost
+            for r, f in enumerate(entry.futures)
         )
 
-    def _trailing(self, step: int, futures: list, results: list) -> list:
-        """The dropped members' results too, where they finished (their arrival times)."""
-        if not self.flight:  # the last steps: nothing else to do than wait for them (bounded)
-            self._wait_for(step, futures, lambda: self._trailing_done((step, futures, results)))
-        out = list(results)
-        for r, f in enumerate(futures):
-            if out[r] is None and f.status == "finished":
-                out[r] = self._result(step, futures, r)
-            elif out[r] is None and f.status == "error":
-                self._check_members(step)
-                if self.group.addresses[r] not in self.lost:
-                    raise self._failed(step, f)
-        return out
-
-    def _outcome(self, step: int, results: list) -> StepOutcome:
+    def _step_outcome(self, step: int, results: list) -> StepOutcome:
         decided = next(r for r in results if r is not None and "used" in r)
         used = decided["used"]
         applied = [results[r] for r in used if results[r] is not None]
