@@ -96,20 +96,27 @@ def opened_devices() -> list[Device]:
 # -- replicas: the all-reduce and strategy roles ---------------------------------------------
 
 
-def _fits(self, variables: dict) -> bool:
-    """Whether ``variables`` are the names, shapes and dtypes these plans were made for."""
-    return variables.keys() == self.variables.keys() and all(
-        np.shape(v) == self.variables[n].shape and np.asarray(v).dtype == self.variables[n].dtype
-        for n, v in variables.items()
-    )
+class _BoundPlans:
+    """Plans bound to arrays of their own (``variables``), made under ``key``; ``owner``: the replica using them."""
+
+    key: tuple
+    variables: dict
+    owner = None
+
+    def fits(self, variables: dict) -> bool:
+        """Whether ``variables`` are the names, shapes and dtypes these plans were made for."""
+        return variables.keys() == self.variables.keys() and all(
+            np.shape(v) == self.variables[n].shape and np.asarray(v).dtype == self.variables[n].dtype
+            for n, v in variables.items()
+        )
+
+    def load(self, variables: dict) -> None:
+        """Start from ``variables``: copied into the arrays the plans are bound to."""
+        for name, value in variables.items():
+            np.copyto(self.variables[name], value)
 
 
-def _load(arrays: dict, values: dict) -> None:
-    for name, value in values.items():
-        np.copyto(arrays[name], value)
-
-
-class ReplicaPlans:
+class ReplicaPlans(_BoundPlans):
     """What a replica compiles from its program, and the arrays those plans are bound to: its variables
     (the optimizer writes into them in place), the forward pass's state and the flat gradient buckets.
 
@@ -120,7 +127,6 @@ class ReplicaPlans:
 
     def __init__(self, program: TrainingProgram, variables: dict, bucket_bytes: int):
         self.key = (program.digest, int(bucket_bytes))
-        self.owner = None  # the Replica using these plans now
         device = open_worker_device(program.device, program.device_options)
         shipped = {"seed": program.seed, "optimized": True}  # the client pruned and optimized both graphs
         n = len(program.gradients)
@@ -178,23 +184,19 @@ class ReplicaPlans:
     def _produced(self, i: int, value) -> None:
         self.owner._produced(i, value)
 
-    fits = _fits
-
     def load(self, variables: dict) -> None:
-        """Start from ``variables``: copied into the arrays the plans are bound to."""
-        _load(self.variables, variables)
+        super().load(variables)
         self.forward_state.clear()
 
 
-class StrategyPlans:
+class StrategyPlans(_BoundPlans):
     """A strategy replica's plans (:mod:`workbench.cluster.collective.strategy_replica`): one per variant
     of its program (the steps where exactly those ``every`` blocks run), and with ``stats`` each variant's
     with the statistic ops, all bound to its variables and slots (updated in place). Kept warm as
     :class:`ReplicaPlans` are."""
 
-    def __init__(self, program, variables: dict):
-        self.key = self.key_of(program)
-        self.owner = None
+    def __init__(self, program, variables: dict, key: tuple | None = None):
+        self.key = self.key_of(program) if key is None else key
         self.program = program
         self.variables = {n: np.array(v, copy=True) for n, v in variables.items()}
         device = open_worker_device(program.device, program.device_options)
@@ -225,12 +227,6 @@ class StrategyPlans:
             bucket_bytes=program.bucket_bytes,
         )
 
-    fits = _fits
-
-    def load(self, variables: dict) -> None:
-        """Start from ``variables`` (and slots): copied into the arrays the plans are bound to."""
-        _load(self.variables, variables)
-
 
 class WarmPlans:
     """The plans of replicas whose runs ended cleanly on this worker, by (program digest, bucket size):
@@ -250,7 +246,8 @@ class WarmPlans:
 
     def strategy(self, program, variables: dict) -> StrategyPlans:
         """A strategy replica's plans of ``program`` (a ``StrategyProgram``), starting from ``variables``."""
-        return self.take(StrategyPlans.key_of(program), variables, lambda: StrategyPlans(program, variables))
+        key = StrategyPlans.key_of(program)  # a hash of the whole program: once per replica
+        return self.take(key, variables, lambda: StrategyPlans(program, variables, key))
 
     def take(self, key, variables: dict, build):
         """Free plans made under ``key`` for ``variables``' names, shapes and dtypes (loaded with them), else
