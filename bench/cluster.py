@@ -36,7 +36,10 @@ SIZES = (784, 1024, 1024, 10)
 BATCHES = (256, 1024, 4096, 16384)
 OVERHEAD_BATCH = 64
 WARMUP = 3
-STRATEGIES = ("allreduce", "parameter_server")
+STRATEGIES = ("allreduce", "allreduce 1/task", "parameter_server")
+# each one's fit options: "allreduce 1/task" is the all-reduce engine with a task per worker and step
+# (segment_steps=1), as before steps ran in segments (workbench.cluster.collective.segments)
+OPTIONS = {"allreduce": {}, "allreduce 1/task": {"strategy": "allreduce", "segment_steps": 1}, "parameter_server": {}}
 
 
 def mlp():
@@ -69,7 +72,7 @@ def workbench_step(client, batch: int, steps: int, strategy: str | None, fed: di
     """Median step time (seconds) of one fit, and its last record; ``client=None``: a local fit."""
     g, train, loss = mlp()
     sess = wb.Session(g, seed=0, cluster=client if client is not None else False)
-    options = {} if client is None else {"strategy": strategy, "sync_every": steps + WARMUP}
+    options = {} if client is None else {"strategy": strategy, "sync_every": steps + WARMUP, **OPTIONS[strategy]}
     h = sess.fit(train, fed, batch_size=batch, steps=steps + WARMUP, fetches=[loss], **options)
     return statistics.median(r["time"] for r in h.records[WARMUP:]), h.records[-1]
 
@@ -138,13 +141,19 @@ def report(batches, times: dict, seen: dict, rounds: int, steps: int) -> None:
     print(f"MLP {'-'.join(map(str, SIZES))} float32 SGD; 2 workers x 1 thread; medians of {rounds} interleaved "
           f"rounds x {steps} steps; numpy {np.__version__}, cpu count {os.cpu_count()}\n")  # fmt: skip
     print("## E(2) = throughput(2) / (2 x throughput(1 process))\n")
-    print("| global batch | allreduce | parameter_server | DDP (gloo) | 1 process ms/step (wb / torch) |")
-    print("|---:|---:|---:|---:|---:|")
+    print(f"| global batch | {' | '.join(STRATEGIES)} | DDP (gloo) | 1 process ms/step (wb / torch) |")
+    print("|---:|" + "---:|" * (len(STRATEGIES) + 2))
     for b in batches:
         e = {s: med[("one", b)] / (2 * med[(s, b)]) for s in STRATEGIES}
         ddp = med[("ddp one", b)] / (2 * med[("ddp", b)])
-        print(f"| {b} | {e['allreduce']:.2f} | {e['parameter_server']:.2f} | {ddp:.2f} | "
+        print(f"| {b} | {' | '.join(f'{e[s]:.2f}' for s in STRATEGIES)} | {ddp:.2f} | "
               f"{med[('one', b)] * 1e3:.1f} / {med[('ddp one', b)] * 1e3:.1f} |")  # fmt: skip
+    print("\n## Samples/s on 2 workers\n")
+    print(f"| global batch | {' | '.join(STRATEGIES)} | DDP (gloo) |")
+    print("|---:|" + "---:|" * (len(STRATEGIES) + 1))
+    for b in (OVERHEAD_BATCH, *batches):
+        rates = [b / med[(s, b)] for s in (*STRATEGIES, "ddp")]
+        print(f"| {b} | {' | '.join(f'{r:,.0f}' for r in rates)} |")
     b = OVERHEAD_BATCH
     print(f"\n## Per-step overhead at global batch {b}: step(2) - step(1 process) / 2\n")
     print("| | step on 2, ms | 1 process, ms | overhead, ms | vs DDP |\n|---|---:|---:|---:|---:|")

@@ -60,7 +60,8 @@ def request(
 
 def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, clock=None, **cluster):
     """The step engine of a fit and how often its loop checkpoints: the session's own steps, or the
-    cluster strategy's engine (``cluster``: window, sync_every, workers, backup_replicas, step_timeout).
+    cluster strategy's engine (``cluster``: window, sync_every, workers, backup_replicas, step_timeout,
+    segment_steps).
     ``clock``: the simulation's :class:`~workbench.clock.Clock` (the wall clock when None)."""
     clock = clock or Clock()
     if session.client is None:
@@ -96,6 +97,7 @@ def engine(session, request: FitRequest, replicas, strategy, checkpoint_every, c
         cluster["backup_replicas"],
         cluster["step_timeout"],
         resident=session._resident,
+        segment_steps=cluster.get("segment_steps", 16),
     )
     every = checkpoint_every or cluster["sync_every"]
     if function:  # the members run the strategy's replica program (rank 0 reports fit(stats=k))

@@ -347,6 +347,7 @@ class Session:
         stragglers=None,
         clock: str = "wall",
         compute_seconds: float | None = None,
+        segment_steps: int = 16,
     ) -> History:
         """Run ``train`` on batches of ``data`` and record each step.
 
@@ -389,6 +390,10 @@ class Session:
             seconds without progress before the fit restarts from its last sync without
             the workers that stopped answering (default: from the measured step time,
             at most a minute for fast steps; the first step gets longer to compile).
+        segment_steps : int
+            The all-reduce engines (their backups and strategy functions included): steps each worker
+            runs in one task, each step's results streamed back as it ends (a segment ends at a sync);
+            1: one task per worker and step. Results do not depend on it.
         validation : tuple (data, every_k_steps), optional
             Held-out data (as ``data``) on which the fetches are evaluated every k steps,
             recorded as ``val_<label>`` (see :mod:`workbench.validation`).
@@ -455,7 +460,13 @@ class Session:
         )
         request = profiling.with_profile(request, profile)
         checked = None if validation is None else make_validation(self, validation, request.fetches, self._fit_data)
-        cluster = {"window": window, "sync_every": sync_every, "workers": workers, "backup_replicas": backup_replicas}
+        cluster = {
+            "window": window,
+            "sync_every": sync_every,
+            "workers": workers,
+            "backup_replicas": backup_replicas,
+            "segment_steps": segment_steps,
+        }
         engine, every = fit_arguments.engine(
             self, request, replicas, strategy, checkpoint_every, timing, step_timeout=step_timeout, **cluster
         )

@@ -183,7 +183,7 @@ def test_the_backup_engine_restarts_a_lost_step_from_the_last_sync(client3, kit,
         submit(self, step, sync)
         if step == 6 and not lost:  # lose step 6 once, as a dead worker would
             lost.append(step)
-            self.client.cancel(self.flight[-1][1])
+            self.client.cancel(self.tasks_of(self.flight[-1][1]))
 
     monkeypatch.setattr(BackupAllReduceEngine, "_submit", submit_then_cancel)
     m = kit.mlp()

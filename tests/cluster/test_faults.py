@@ -82,7 +82,7 @@ def test_a_killed_worker_costs_no_progress(client, digits, reference):
 # what a step's tasks are, to cancel, in each engine
 ENGINES = {
     "parameter_server": (cluster_fit.ParameterServer, lambda engine: [engine.metrics[-1][1]]),
-    "allreduce": (AllReduceEngine, lambda engine: engine.flight[-1][1]),
+    "allreduce": (AllReduceEngine, lambda engine: engine.tasks_of(engine.flight[-1][1])),
 }
 
 
@@ -116,7 +116,7 @@ def test_lineage_does_not_grow_with_steps(client, digits):
 
     def count(record):
         counts.append(
-            sum(1 for key in scheduler.tasks if key not in before and isinstance(key, tuple) and parse_key(key))
+            sum(1 for key in scheduler.tasks.copy() if key not in before and isinstance(key, tuple) and parse_key(key))
         )
 
     sess.fit(

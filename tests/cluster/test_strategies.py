@@ -148,7 +148,7 @@ def test_a_lost_step_restarts_from_the_last_sync_with_every_ranks_state(kit, cli
         submit(self, step, sync)
         if step == 12 and not restarts:  # lose step 12 once, as a dead worker would
             restarts.append(step)
-            self.client.cancel(self.flight[-1][1])
+            self.client.cancel(self.tasks_of(self.flight[-1][1]))
 
     monkeypatch.setattr(StrategyEngine, "_submit", submit_then_cancel)
     m = kit.mlp(optimizer=wb.optimizers.Momentum(0.05))
@@ -174,7 +174,7 @@ def test_a_member_that_leaves_as_the_run_restarts_is_one_more_restart(kit, clien
         submit(self, step, sync)
         if step == 6 and not lost:  # lose step 6 once, as a dead worker would
             lost.append("step")
-            self.client.cancel(self.flight[-1][1])
+            self.client.cancel(self.tasks_of(self.flight[-1][1]))
 
     def scatter_then_gone(client, data, **kwargs):
         if lost == ["step"]:  # the restart's scatter: a member the scheduler no longer knows

@@ -34,10 +34,11 @@ class Coordinated:
         ``sync_at(step)`` is true is yielded once its variables are home (see :meth:`variables`)."""
         if self.host is None:
             raise ClusterError("start(variables, step) comes before run()")
+        self._last = last
         coordinator = Coordinator(
             first - 1,
             last,
-            window=self.window,
+            window=self.in_flight(),
             sync_every=self.sync_every,
             max_restarts=self.max_restarts,
             sync_at=sync_at,
@@ -93,11 +94,13 @@ class Coordinated:
     def _next(self, coordinator: Coordinator) -> list:
         """Wait for the oldest step in flight; the coordinator's next instructions."""
         step, futures = self.flight[0]
+        self._before_waiting_for(step)
         try:
             results = self._gather(step, futures)
         except self._transient as e:
             return self._lost(coordinator, step, e)
         self.flight.popleft()
+        self._gathered(step)
         self._results = (step, results)
         return coordinator.step_done(step, None)
 
@@ -133,5 +136,7 @@ class Coordinated:
     def _bring_home(self, step: int, results: list[dict]) -> None:
         """Step ``step``'s results hold its variables: the new host copy."""
         self.host = (results[0]["variables"], step)
+        if self.segments is not None:  # what the members published up to here was read
+            self.segments.truncate()
         if self.events is not None:
             self.events.emit(Synced, step=step)

@@ -23,7 +23,7 @@ class ClusterOptions:
     replicas : int, optional
         Data-parallel replicas (default: one per worker used).
     window : int
-        Steps in flight at most.
+        Steps in flight at most (the all-reduce engines: at least two segments, see ``segment_steps``).
     sync_every : int
         Steps between host copies of the variables (a lost worker costs at most that many).
     workers : tuple of str, or one address, optional
@@ -41,6 +41,9 @@ class ClusterOptions:
     resident : ResidentData, optional
         The session's NumPy data on the workers (:mod:`workbench.cluster.resident`): the all-reduce
         engines send an array to a worker only where it lacks it or it changed; None: at every fit.
+    segment_steps : int
+        The all-reduce engines: steps each worker runs in one task, their results streamed back step
+        by step (:mod:`workbench.cluster.collective.segments`); 1: one task per worker and step.
     """
 
     strategy: str | None = None
@@ -52,9 +55,11 @@ class ClusterOptions:
     step_timeout: float | None = None
     reason: str = ""
     resident: Any = field(default=None, compare=False, repr=False)
+    segment_steps: int = 16
 
     def __post_init__(self) -> None:
         _count("window", self.window, 1)
+        _count("segment_steps", self.segment_steps, 1)
         _count("sync_every", self.sync_every, 1)
         _count("backup_replicas", self.backup_replicas, 0)
         if self.replicas is not None:

@@ -38,6 +38,7 @@ from collections import deque
 import numpy as np
 
 from workbench.cluster.collective.group import CollectiveGroup
+from workbench.cluster.collective.segments import Segments, StepSlot
 from workbench.cluster.coordinated import Coordinated
 from workbench.cluster.failures import check_client, drop
 from workbench.cluster.failures import restartable as _restartable
@@ -95,6 +96,7 @@ def fit_keywords(request, options, events) -> dict:
         "stats_labels": list(request.stats),
         "stats_every": request.stats_every,
         "resident": options.resident,
+        "segment_steps": options.segment_steps,
     }
 
 
@@ -150,6 +152,10 @@ class AllReduceEngine(Coordinated):
     resident : ResidentData, optional
         Where the session keeps its data on the workers between fits
         (:mod:`workbench.cluster.resident`); without it, the data are sent at every launch.
+    segment_steps : int
+        Steps each member runs in one task (:mod:`workbench.cluster.collective.segments`: their results
+        stream back step by step; a segment ends at a sync step); the window then holds at least two
+        segments. 1: one task per member and step.
     """
 
     strategy = "allreduce"
@@ -180,12 +186,15 @@ class AllReduceEngine(Coordinated):
         stats_every: int = 0,
         stragglers=None,
         resident=None,
+        segment_steps: int = 16,
     ):
         missing = set(program.feeds) - set(data)
         if missing:
             raise FeedError(f"data lacks the placeholders {sorted(missing)} that the gradients need")
         if window < 1:
             raise ClusterError(f"window must be at least 1, got {window}")
+        if isinstance(segment_steps, bool) or not isinstance(segment_steps, int) or segment_steps < 1:
+            raise ClusterError(f"segment_steps must be at least 1 (a whole number), got {segment_steps!r}")
         if not device_type(program.device).host_arrays:  # its buckets and communicator take NumPy arrays
             raise ClusterError(
                 f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
@@ -227,6 +236,9 @@ class AllReduceEngine(Coordinated):
         self.stragglers = stragglers  # fit(stragglers=...): each rank's delay, drawn by (step, rank)
         self.backups = 0  # fit(backup_replicas=b): see workbench.cluster.collective.backup_engine
         self.resident = resident  # the session's data on the workers, reused while unchanged (None: sent each launch)
+        self.segment_steps = segment_steps
+        self.segments: Segments | None = None  # this generation's (workbench.cluster.collective.segments)
+        self._last = None  # the last step of the run in progress
 
     @classmethod
     def for_fit(cls, request, client, options, events) -> AllReduceEngine:
@@ -283,6 +295,8 @@ class AllReduceEngine(Coordinated):
         data = self._place_data(members, digests)
         token = self.group.token
         self.replicas = self.workers = len(members)
+        if self.segment_steps > 1:  # its steps' results come on the generation's topic, subscribed before any runs
+            self.segments = Segments(client, self.name, token, members, self.segment_steps)
         self.started = []
         for i, w in enumerate(members):
             task, args, keywords = self._start_task(program, states[i], step, len(members))
@@ -352,11 +366,23 @@ class AllReduceEngine(Coordinated):
         group, reduction = self.group, self.program.loss_reduction
         return allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync, reduction)
 
+    def in_flight(self) -> int:
+        """Steps the coordinator keeps in flight: the window, and with segments at least two of them (the
+        next one is on its way while one runs)."""
+        return max(self.window, 2 * self.segment_steps) if self.segment_steps > 1 else self.window
+
     def _submit(self, step: int, sync: bool) -> None:
         group, futures = self.group, []
         calls = self._calls(step, sync)
         delays = step_delays(self.stragglers, step, group.size)
         due = bool(self.stats_every) and step % self.stats_every == 0
+        if self.segments is not None:  # with the step's segment (workbench.cluster.collective.segments)
+            tasks = []
+            for rank, (_, args) in enumerate(calls):
+                task, args, keywords = self._step_task(rank, args, sync, due)
+                tasks.append((task, args, {**keywords, "delay": delays[rank]}))
+            self.flight.append((step, self.segments.add(step, sync, tasks, last=step == self._last)))
+            return
         for rank, ((key, args), worker) in enumerate(zip(calls, group.addresses, strict=True)):
             task, args, keywords = self._step_task(rank, args, sync, due)
             futures.append(
@@ -420,14 +446,37 @@ class AllReduceEngine(Coordinated):
         if gone:
             raise CollectiveError(f"step {step}: worker {', '.join(sorted(gone))} left the cluster")
 
+    def tasks_of(self, futures: list) -> list:
+        """The task futures that carry a step's results in flight (``self.flight[k][1]``): with segments,
+        the segments' tasks, submitted now if the step still waited for its segment to fill."""
+        if any(isinstance(f, StepSlot) and f.segment is None for f in futures):
+            self.segments.flush()
+        return [f.segment if isinstance(f, StepSlot) else f for f in futures]
+
+    def _before_waiting_for(self, step: int) -> None:
+        """The coordinated loop waits for ``step`` next: if it still waits for its segment to fill, the
+        steps not submitted yet go now."""
+        if self.segments is not None and any(s.segment is None for s in self.flight[0][1]):
+            self.segments.flush()
+
+    def _gathered(self, step: int) -> None:
+        """``step`` left the window: the segments that ended by it are let go."""
+        if self.segments is not None:
+            self.segments.gathered(step)
+
     def _cancel(self) -> None:
-        futures = [f for _, fs in self.flight for f in fs] + list(self.started)
+        futures = [f for _, fs in self.flight for f in fs if not isinstance(f, StepSlot)] + list(self.started)
+        if self.segments is not None:
+            futures += self.segments.cancel()
         self.flight.clear()
         self.started = []
         drop(self.client, futures)
 
     def _drop(self) -> None:
         self._cancel()
+        if self.segments is not None:
+            self.segments.close()
+            self.segments = None
         if self.group is not None and getattr(self.client, "status", "running") != "running":
             self.group = None  # no scheduler to ask, or a closed client: the replicas' leases end them
         if self.group is not None:

@@ -24,6 +24,7 @@ All replicas start from the same values and apply the same bits, so they stay id
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 
@@ -401,6 +402,33 @@ def run_step(
     if replica is None:
         raise CollectiveError(f"no replica of run {token!r} on this worker (restarted?)")
     return replica.run(step, rows, offset, weight, scale, fetch_weight, sync, stats, delay)
+
+
+def run_segment(task, topic: str, rank: int, steps: list, _started=None):
+    """Rank ``rank``'s steps of one segment, in order, in one task: ``task`` (:func:`run_step` or a strategy
+    replica's) called with each step's ``(arguments, keywords)``. Each step's result but the last is
+    published on the scheduler's event topic ``topic`` as soon as it is made (``[rank, step, pickled
+    result]``: the driver's :class:`~workbench.cluster.collective.segments.StepSlot` picks it up); the
+    last one is the task's result, so a sync step's variables come home as a task result, never
+    through the scheduler. A failed step fails the task: the steps after it are not run."""
+    publish = _publisher(topic)
+    for args, keywords in steps[:-1]:
+        result = task(*args, **keywords)
+        publish(rank, result)
+    args, keywords = steps[-1]
+    return task(*args, **keywords)
+
+
+def _publisher(topic: str):
+    """``publish(rank, result)``: a step's result on ``topic`` through this worker's stream to the scheduler."""
+    from distributed import get_worker
+
+    worker = get_worker()
+
+    def publish(rank: int, result: dict) -> None:
+        worker.log_event(topic, [rank, int(result["step"]), pickle.dumps(result, protocol=5)])
+
+    return publish
 
 
 def stop_replicas(token: str) -> None:
