@@ -83,16 +83,35 @@ def uneven(data: dict) -> dict:
     }
 
 
+def held_keys(client, seconds: float = 10.0) -> dict:
+    """Each worker's keys in memory, once none holds any (or after ``seconds``)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        held = client.run(lambda dask_worker: sorted(map(str, dask_worker.data)))
+        if not any(held.values()) or time.monotonic() > deadline:
+            return held
+        time.sleep(0.1)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_dask_array_data_trains_as_the_same_numpy_data(kit, client, replicas):
+@pytest.mark.parametrize("replicas, mixed", [(1, False), (2, False), (2, True)], ids=["1", "2", "2-mixed"])
+def test_dask_array_data_trains_as_the_same_numpy_data(kit, client, replicas, mixed, monkeypatch):
+    """``mixed``: the labels a NumPy array, the features a dask array."""
     data = kit.blobs()
     expected, _, _ = fit(kit, client, data, replicas=replicas)
-    got, history, started = fit(kit, client, uneven(data), replicas=replicas)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the client materialized the dask array")
+
+    for method in ("__array__", "compute"):  # the rows are read on the workers only
+        monkeypatch.setattr(da.Array, method, never)
+    fed = {**uneven(data), "y": data["y"]} if mixed else uneven(data)
+    got, history, started = fit(kit, client, fed, replicas=replicas)
     assert (started.strategy, started.reason, started.replicas) == ("allreduce", "", replicas)
     assert history["replicas"].tolist() == [replicas] * 6
     kit.assert_same_variables(expected, got, rtol=1e-12)
+    assert held_keys(client) == {w: [] for w in client.scheduler_info()["workers"]}  # the chunks go with the fit
 
 
 def placed_by_halves(client, data: dict, workers: list) -> tuple[dict, dict]:
@@ -187,12 +206,17 @@ def test_a_worker_killed_mid_fit_restarts_from_the_last_sync_on_dask_array_data(
     pids = client.run(os.getpid)
     victim = sorted(pids)[0]
 
+    names = {a.name for a in chunked.values()}
+    lost = []
+
     def kill(record):
-        if record["step"] == 6:
+        if record["step"] == 6:  # the victim takes chunks with it: the scheduler computes them again
+            held = client.run(lambda dask_worker: [str(k) for k in dask_worker.data], workers=[victim])[victim]
+            lost.extend(k for k in held if any(n in k for n in names))
             os.kill(pids[victim], signal.SIGKILL)
 
     history = sess.fit(m["train"], chunked, batch_size=32, steps=30, sync_every=5, callback=kill)
-    assert [r["step"] for r in history.records] == list(range(1, 31))
+    assert lost and [r["step"] for r in history.records] == list(range(1, 31))
     assert history.records[-1]["restarts"] >= 1
     kit.assert_same_variables(local.variables, sess.variables, rtol=1e-9)
     sess.close()
@@ -216,3 +240,22 @@ def test_a_strategy_function_trains_on_dask_array_data_as_on_numpy_data(kit, cli
         results.append(sess.variables)
         sess.close()
     kit.assert_same_variables(results[0], results[1], rtol=1e-12)
+
+
+def unreadable_second_chunk(block, block_info=None):
+    if block_info[0]["chunk-location"][0] == 1:
+        raise OSError("part-0001.npy: unreadable")
+    return block
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_chunk_that_cannot_be_computed_is_a_feed_error_naming_the_feed(kit, client):
+    data = kit.blobs()
+    broken = da.from_array(data["x"], chunks=32).map_blocks(unreadable_second_chunk, dtype=data["x"].dtype)
+    m = kit.mlp(name="chunked-broken")
+    sess = wb.Session(m["graph"], seed=0, cluster=client)
+    with pytest.raises(wb.FeedError, match=r"data\['x'\]: its chunk \('.*', 1, 0\) failed") as caught:
+        sess.fit(m["train"], {"x": broken, "y": data["y"]}, batch_size=32, steps=2)
+    assert "part-0001.npy: unreadable" in str(caught.value.__cause__)
+    sess.close()

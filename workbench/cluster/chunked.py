@@ -238,21 +238,23 @@ class ChunkedArray:
 
     def source(self, client, workers: list[str], timeout: float, shared_by: int = 1) -> ChunkedSource:
         """The members' source of this feed: the array persisted on ``workers`` the first time (elsewhere too
-        where none of them is left), then waited for until every chunk is in memory again (the scheduler
-        computes those of a worker that died again from the graph)."""
+        where none of them is left) and waited for, as long as computing it takes; at a relaunch, waited for
+        until every chunk is in memory again (the scheduler computes those of a worker that died again from
+        the graph), within ``timeout`` seconds: a relaunch that cannot start is one more restart."""
         from dask.core import flatten
         from distributed import futures_of, wait
 
-        if self.persisted is None:
+        first = self.persisted is None
+        if first:
             self.persisted = client.persist(self.array, workers=list(workers), allow_other_workers=True)
             self.futures = futures_of(self.persisted)
         with client.as_current():  # wait asks the default client, and a session's need not be it
-            wait(self.futures)
-        failed = [f for f in self.futures if f.status != "finished"]
-        if failed:
-            raise FeedError(
-                f"data[{self.name!r}]: chunk {failed[0].key} could not be computed ({failed[0].status})"
-            ) from (failed[0].exception() if failed[0].status == "error" else None)
+            wait(self.futures, timeout=None if first else timeout)
+        for future in self.futures:
+            if future.status == "error":
+                raise FeedError(f"data[{self.name!r}]: its chunk {future.key} failed") from future.exception()
+            if future.status != "finished":  # cancelled, or lost with no graph to compute it again from
+                raise CollectiveError(f"data[{self.name!r}]: its chunk {future.key} is {future.status}")
         array = self.persisted
         boundaries = np.concatenate([[0], np.cumsum(array.chunks[0])]).astype(np.int64)
         keys = list(flatten(array.__dask_keys__()))
