@@ -259,3 +259,15 @@ def test_a_chunk_that_cannot_be_computed_is_a_feed_error_naming_the_feed(kit, cl
         sess.fit(m["train"], {"x": broken, "y": data["y"]}, batch_size=32, steps=2)
     assert "part-0001.npy: unreadable" in str(caught.value.__cause__)
     sess.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_backup_engine_trains_on_dask_array_data_as_on_numpy_data(kit, client):
+    data = kit.blobs()
+    late = wb.stragglers.Fixed(replica=1, delay=0.4)  # rank 0's gradient is always the one applied
+    options = dict(replicas=1, backup_replicas=1, stragglers=late, steps=4)
+    expected, _, _ = fit(kit, client, data, **options)
+    got, _, started = fit(kit, client, uneven(data), **options)
+    assert (started.strategy, started.reason) == ("allreduce", "")
+    kit.assert_same_variables(expected, got, rtol=1e-12)
