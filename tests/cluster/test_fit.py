@@ -140,15 +140,15 @@ def test_allreduce_is_the_default_and_parameter_server_trains_what_it_cannot(kit
     sess = wb.Session(m["graph"], seed=SEED, cluster=client)
     started = []
     sess.events.subscribe(lambda e: started.append(e) if isinstance(e, FitStarted) else None)
-    sess.fit(m["train"], data, batch_size=BATCH, steps=2)
-    assert (started[-1].strategy, started[-1].reason, started[-1].replicas) == ("allreduce", "", 2)
+    for fed in (data, chunked):  # dask arrays too: each member reads its rows from their chunks
+        sess.fit(m["train"], fed, batch_size=BATCH, steps=2)
+        assert (started[-1].strategy, started[-1].reason, started[-1].replicas) == ("allreduce", "", 2)
     cases = [
         (
             {"replicas": 2, "backup_replicas": 1},
             data,
             r"it runs one replica per worker, and replicas=2 \+ backup_replicas=1 exceeds the 2 workers",
         ),
-        ({}, chunked, r"it takes NumPy data, and \['x', 'y'\] are dask arrays"),
         ({"replicas": 3}, data, "it runs one replica per worker, and replicas=3 exceeds the 2 workers"),
     ]
     for options, fed, reason in cases:
@@ -220,13 +220,14 @@ def test_workers_restricts_where_replicas_run(kit, client, workers):
 # -- data ----------------------------------------------------------------------------------------
 
 
-def test_dask_array_data_gives_the_numpy_result(kit, client):
+@pytest.mark.parametrize("strategy", ["allreduce", "parameter_server"])
+def test_dask_array_data_gives_the_numpy_result(kit, client, strategy):
     m = kit.mlp()
     data = kit.blobs()
     chunked = {"x": da.from_array(data["x"], chunks=(17, 3)), "y": da.from_array(data["y"], chunks=25)}
     assert chunked["x"].numblocks == (6, 2) and chunked["y"].numblocks == (4,)
-    expected, _ = train(kit, m, client, replicas=2, data=data)
-    got, hist = train(kit, m, client, replicas=2, data=chunked)
+    expected, _ = train(kit, m, client, replicas=2, data=data, strategy=strategy)
+    got, hist = train(kit, m, client, replicas=2, data=chunked, strategy=strategy)
     kit.assert_same_variables(expected, got, rtol=1e-9)
     assert len(hist) == STEPS
 

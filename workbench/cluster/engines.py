@@ -13,8 +13,11 @@ Two come built in:
   computes its shard's gradients, all-reduces them worker to worker and updates
   its own replica of the variables (:mod:`workbench.cluster.collective.allreduce`);
 - ``"parameter_server"``: each step is a task graph, replicas -> a fixed-order
-  reduction tree -> one update task (:mod:`workbench.cluster.parameter_server.synchronous`). What dask-array data,
-  GPU workers and more replicas (backups included) than workers need.
+  reduction tree -> one update task (:mod:`workbench.cluster.parameter_server.synchronous`). What GPU
+  workers and more replicas (backups included) than workers need.
+
+Both take NumPy or dask-array data (the all-reduce engine reads a dask array's rows from its chunks on
+the workers: :mod:`workbench.cluster.chunked`).
 
 Both run ``fit(backup_replicas=b)`` (the all-reduce engine through
 :mod:`workbench.cluster.collective.backup_engine`), and ``"async"`` is asynchronous SGD.
@@ -38,7 +41,6 @@ from workbench.cluster.options import ClusterOptions
 from workbench.errors import ClusterError
 from workbench.events import EventStream
 from workbench.fitloop import FitRequest, StepEngine
-from workbench.training import is_dask_array
 
 
 def _parameter_server(request: FitRequest, client, options: ClusterOptions, events: EventStream) -> StepEngine:
@@ -72,9 +74,6 @@ def async_limits(request: FitRequest, client, options: ClusterOptions) -> str | 
 
 def allreduce_limits(request: FitRequest, client, options: ClusterOptions) -> str | None:
     """Why the ``allreduce`` strategy cannot train this fit, or None."""
-    chunked = sorted(name for name, value in request.data.items() if is_dask_array(value))
-    if chunked:
-        return f"it takes NumPy data, and {chunked} are dask arrays"
     if not request.device.host_arrays:
         return f"it runs on CPU workers, and the session's device is {request.device.name!r}"
     workers = options.worker_count(client)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from workbench.cluster.chunked import ChunkedSource, read_rows
 from workbench.cluster.spans import task_mark
 from workbench.cluster.worker_plans import compiled
 from workbench.devices import device_type
@@ -270,16 +271,17 @@ def _scale(value, weight: float):
 
 
 def take_rows(source, index: np.ndarray) -> np.ndarray:
-    """Rows ``index`` of a data source: an array, or ``(offsets, chunks)`` of a chunked one."""
+    """Rows ``index`` of a data source, in that order: an array, a
+    :class:`~workbench.cluster.chunked.ChunkedSource` (a dask array's chunks on the cluster, read on the
+    worker), or ``(offsets, chunks)``: the contiguous chunks holding the rows, and where each starts."""
     if isinstance(source, np.ndarray):
         return source[index]
+    if isinstance(source, ChunkedSource):
+        return source.take(index)
     offsets, chunks = source
-    pieces = []
-    for offset, chunk in zip(offsets, chunks):
-        mine = index[(index >= offset) & (index < offset + len(chunk))]
-        if len(mine):
-            pieces.append(chunk[mine - offset])
-    return np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    boundaries = np.array([*offsets, offsets[-1] + len(chunks[-1])], dtype=np.int64)
+    first = chunks[0]
+    return read_rows(index, boundaries, lambda blocks: {b: chunks[b] for b in blocks}, first.dtype, first.shape[1:])
 
 
 def replica_gradients(

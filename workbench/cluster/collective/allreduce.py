@@ -37,6 +37,7 @@ from collections import deque
 
 import numpy as np
 
+from workbench.cluster.chunked import ChunkedArray, feed_value
 from workbench.cluster.collective.group import CollectiveGroup
 from workbench.cluster.collective.segments import Segments, StepSlot
 from workbench.cluster.coordinated import Coordinated
@@ -57,7 +58,7 @@ from workbench.fitloop import StepOutcome
 from workbench.stragglers import coerce as check_stragglers
 from workbench.stragglers import step_delays
 from workbench.graph.batch_reduction import Reduction, combine
-from workbench.training import batch_indices, check_data, is_dask_array
+from workbench.training import batch_indices, check_data
 
 
 def arrival_metrics(results: list) -> dict:
@@ -113,7 +114,8 @@ class AllReduceEngine(Coordinated):
     program : TrainingProgram
         The training step (see :meth:`TrainingProgram.from_graph`); CPU programs.
     data : dict
-        Placeholder name to NumPy array, one per feed of the program.
+        Placeholder name to NumPy array or dask array, one per feed of the program (a dask array is read
+        on the workers from its chunks: :mod:`workbench.cluster.chunked`).
     batch_size : int
         The global batch, split across the replicas in contiguous shards.
     batch_seed :
@@ -200,13 +202,8 @@ class AllReduceEngine(Coordinated):
                 f"the all-reduce strategy runs on CPU workers for now, not {program.device!r}; "
                 "use strategy='parameter_server'"
             )
-        chunked = sorted(n for n in program.feeds if is_dask_array(data[n]))
-        if chunked:
-            raise ClusterError(
-                f"the all-reduce strategy takes NumPy data; {chunked} are dask arrays (use strategy='parameter_server')"
-            )
         self.client, self.program, self.batch_size, self.batch_seed = client, program, batch_size, batch_seed
-        self.data = {n: np.asarray(data[n]) for n in program.feeds}
+        self.data = {n: feed_value(n, data[n]) for n in program.feeds}  # a dask array stays on the cluster
         self.num_examples = check_data(self.data)
         self.addresses, self.max_replicas, self.window = workers, replicas, window
         self.labels = list(program.fetches if labels is None else labels)
@@ -328,22 +325,33 @@ class AllReduceEngine(Coordinated):
         return start_replica, (program, state, step, self.group, self.bucket_bytes), {"needed": self._needed(members)}
 
     def _digests(self):
-        """The feeds' content digests on their way (:func:`~workbench.cluster.resident.digests_soon`), or None
-        without a :class:`~workbench.cluster.resident.ResidentData`."""
+        """The NumPy feeds' content digests on their way (:func:`~workbench.cluster.resident.digests_soon`), or
+        None without a :class:`~workbench.cluster.resident.ResidentData`."""
         if self.resident is None:
             return None
-        return digests_soon([self.data[n] for n in self.program.feeds])
+        return digests_soon([self.data[n] for n in self.program.feeds if not isinstance(self.data[n], ChunkedArray)])
 
     def _place_data(self, members: list[str], digests=None) -> list[list]:
-        """Each member's sources of the feeds (program feed order): the session's copies on the workers
-        (:class:`~workbench.cluster.resident.ResidentData`: sent only where a member lacks them, or they
-        changed), or without one, broadcast for this generation."""
-        arrays = [self.data[n] for n in self.program.feeds]
-        if self.resident is None:
-            data = self._scatter(arrays)
-            return [data] * len(members)
+        """Each member's sources of the feeds (program feed order). A NumPy feed: the session's copies on the
+        workers (:class:`~workbench.cluster.resident.ResidentData`: sent only where a member lacks them, or
+        they changed), or without one, broadcast for this generation. A dask array: the keys and boundaries
+        of its chunks on the cluster, read by rows where each member runs (:mod:`workbench.cluster.chunked`)."""
+        feeds = self.program.feeds
+        chunked = [n for n in feeds if isinstance(self.data[n], ChunkedArray)]
+        arrays = [self.data[n] for n in feeds if n not in chunked]
         timeout = self.deadline.seconds
-        return self.resident.place(self.client, arrays, members, self._scatter, timeout=timeout, digests=digests)
+        if not arrays:
+            placed = [[] for _ in members]
+        elif self.resident is None:
+            placed = [self._scatter(arrays)] * len(members)
+        else:
+            placed = self.resident.place(self.client, arrays, members, self._scatter, timeout=timeout, digests=digests)
+        sources = {n: self.data[n].source(self.client, members, self.timeout, len(chunked)) for n in chunked}
+        merged = []
+        for own in placed:  # each member's NumPy sources, in feed order, with the chunked ones between them
+            host = iter(own)
+            merged.append([sources[n] if n in sources else next(host) for n in feeds])
+        return merged
 
     def _scatter(self, values: list, workers: list[str] | None = None) -> list:
         """``values`` on ``workers`` (default: every member of the new group, each a copy), bounded by the

@@ -190,7 +190,7 @@ def make(request, client, options, events, strategy):
             shipped,
             built,
             [v.name for v in request.graph.variables],
-            data={n: np.asarray(request.data[n]) for n in shipped.feeds},
+            data={n: request.data[n] for n in shipped.feeds},  # NumPy or dask arrays (see AllReduceEngine)
             batch_size=request.batch_size,
             batch_seed=request.batch_seed,
             replicas=replicas,
