@@ -378,9 +378,9 @@ class Session:
             flight, steps between host copies of the variables, the workers to use,
             extra shards per step whose slowest are dropped (Chen et al. 2016), the
             step engine: ``"allreduce"`` (the default: gradients all-reduced worker to
-            worker inside each step's tasks; with ``backup_replicas`` the first ``replicas``
+            worker, each worker running a segment of steps in one task; with ``backup_replicas`` the first ``replicas``
             gradients to arrive are applied) or ``"parameter_server"`` (a task graph per
-            step; what dask-array data and GPU sessions use, chosen by itself for them when
+            step; what GPU sessions use, chosen by itself for them when
             no strategy is named), ``"async"`` (asynchronous SGD: each replica's gradient
             applied as it arrives, one record per applied gradient), or a strategy function: a name
             of ``wb.strategies.names()``, a :class:`~workbench.strategies.Strategy`
