@@ -18,8 +18,8 @@ rotated each round), medians over the rounds:
   ``get_worker().log_event(topic, [rank, step, pickle.dumps(result)])``; the client hears it with
   ``Client.subscribe_topic`` (the handler, on the client's loop, sets a ``threading.Event`` per
   (step, rank)) and waits for each step's 2 results in order (the engine's segments).
-- ``queue``: the same through a ``distributed.Queue``: the workers ``put``, the client ``get``\\ s one
-  item at a time.
+- ``queue``: the same through a ``distributed.Queue``: the workers ``put``, the client takes one item
+  a ``get``.
 - ``queue_batch``: the same queue, the client taking 2 items a ``get`` (``get(batch=2)``): one round
   trip to the scheduler per step instead of one per result.
 
