@@ -62,6 +62,17 @@ class Coordinated:
                 return
             todo.extend(self._next(coordinator))
 
+    def in_flight(self) -> int:
+        """Steps the coordinator keeps in flight (the engine's window)."""
+        return self.window
+
+    def _before_waiting_for(self, step: int) -> None:
+        """The hook called before the loop waits for ``step``, the oldest in flight (an engine that holds
+        submitted steps back, to run them together, sends them now)."""
+
+    def _gathered(self, step: int) -> None:
+        """The hook called once ``step`` left the window."""
+
     def _complete(self, outcomes: deque, final: bool) -> None:
         """Turn what ``_outcome`` recorded into :class:`StepOutcome` objects where it was not one yet: the
         hook of an engine whose records wait for more than the step needed (the backup engine's late
@@ -136,7 +147,5 @@ class Coordinated:
     def _bring_home(self, step: int, results: list[dict]) -> None:
         """Step ``step``'s results hold its variables: the new host copy."""
         self.host = (results[0]["variables"], step)
-        if self.segments is not None:  # what the members published up to here was read
-            self.segments.truncate()
         if self.events is not None:
             self.events.emit(Synced, step=step)

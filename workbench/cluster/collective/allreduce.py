@@ -375,7 +375,7 @@ class AllReduceEngine(Coordinated):
         return allreduce_calls(self.name, group.token, step, index, group.size, self.started, sync, reduction)
 
     def in_flight(self) -> int:
-        """Steps the coordinator keeps in flight: the window, and with segments at least two of them (the
+        """Steps the coordinator keeps in flight: the window, and with segments at least two segments (the
         next one is on its way while one runs)."""
         return max(self.window, 2 * self.segment_steps) if self.segment_steps > 1 else self.window
 
@@ -471,6 +471,11 @@ class AllReduceEngine(Coordinated):
         """``step`` left the window: the segments that ended by it are let go."""
         if self.segments is not None:
             self.segments.gathered(step)
+
+    def _bring_home(self, step: int, results: list[dict]) -> None:
+        super()._bring_home(step, results)
+        if self.segments is not None:  # what the members published up to here was read
+            self.segments.truncate()
 
     def _cancel(self) -> None:
         futures = [f for _, fs in self.flight for f in fs if not isinstance(f, StepSlot)] + list(self.started)
