@@ -1,9 +1,14 @@
 """Collective frames on a byte stream: read into the registered array, refused when they are not frames."""
 
 import asyncio
+import socket
+import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tornado.iostream import SSLIOStream
 
 from workbench.cluster.collective.array_stream import SMALL, ArrayStreams, frame_header
 from workbench.cluster.collective.communicator import Mailbox
@@ -128,3 +133,80 @@ def test_a_small_payload_goes_out_in_the_header_write():
     assert len(writes) == 3
     assert writes[0] == frame("g", "small", np.ones(16))
     assert writes[1] + writes[2] == frame("g", "large", np.ones(SMALL // 8 + 1))
+
+
+class SocketComm:
+    """A comm over one end of a socket pair, as Dask's TCP comm (its stream holds the socket)."""
+
+    def __init__(self, sock, tls=False):
+        self.stream = SimpleNamespace(socket=sock) if not tls else SSLIOStream.__new__(SSLIOStream)
+        self.written, self.aborted = [], False
+
+    async def write(self, msg):
+        self.written.append(msg)
+
+    def abort(self):
+        self.aborted = True
+        if not isinstance(self.stream, SSLIOStream):
+            self.stream.socket.close()  # the loop's descriptor goes; the one handed to the threads stays
+
+
+def read_frames(sock, count: int) -> list:
+    """``count`` frames read from ``sock`` by the stream reader, as the peer's loop reads them."""
+    data = b""
+    sock.settimeout(5)
+    got, mailbox = [], Mailbox()
+    while len(got) < count:
+        data += sock.recv(1 << 20)
+        got, _ = read_all(mailbox, data)
+    return got
+
+
+def test_small_frames_go_out_from_the_calling_thread_on_a_socket_of_its_own():
+    ours, theirs = socket.socketpair()
+    opened = []
+
+    async def connect(address):
+        opened.append(address)
+        return SocketComm(ours)
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        streams = ArrayStreams(connect, None, None, loop)
+        assert not streams.send_now("tcp://peer", "g", "first", np.ones(4), 5.0)  # none yet: opened meanwhile
+        deadline = time.monotonic() + 5
+        while not streams.direct_to() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert streams.direct_to() == ["tcp://peer"] and opened == ["tcp://peer"]
+        values = [np.arange(10, dtype="float32"), np.full(3, 7, dtype="int64")]
+        assert all(streams.send_now("tcp://peer", "g", f"k{i}", v, 5.0) for i, v in enumerate(values))
+        assert not streams.send_now("tcp://peer", "g", "large", np.ones(SMALL // 8 + 1), 5.0)  # the loop's
+        got = read_frames(theirs, 2)
+        assert [(g, k) for g, k, _ in got] == [("g", "k0"), ("g", "k1")]
+        assert all(a.dtype == v.dtype and a.tobytes() == v.tobytes() for (_, _, a), v in zip(got, values))
+        theirs.close()  # the peer went away: a send fails, then a new socket is opened
+        with pytest.raises(OSError):
+            for _ in range(100):  # the first writes may still reach the socket's buffer
+                streams.send_now("tcp://peer", "g", "gone", np.ones(4), 5.0)
+        assert streams.direct_to() == []
+        streams.close()
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+
+
+def test_no_socket_of_its_own_over_tls():
+    async def connect(address):
+        return SocketComm(None, tls=True)
+
+    async def main():
+        streams = ArrayStreams(connect, None, None, asyncio.get_running_loop())
+        assert not streams.send_now("tls://peer", "g", "k", np.ones(4), 5.0)
+        for _ in range(10):
+            await asyncio.sleep(0.01)
+        assert not streams.send_now("tls://peer", "g", "k", np.ones(4), 5.0)  # never: the loop sends them all
+        assert streams.direct_to() == []
+
+    asyncio.run(main())

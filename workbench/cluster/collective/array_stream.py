@@ -15,16 +15,25 @@ between the socket's buffer and where the array is used. A frame whose payload i
 out in one write with its header (one system call). No reply: once the stream has handed the
 payload to the socket the array is the sender's again, and a sum the peer sends back depends
 on having read it all. Comms without a byte stream (UCX, in-process) fall back to messages.
+
+Small arrays skip the event loop on the way out: a second comm to each peer, opened the same
+way, is handed over to the sending threads as a plain blocking socket (:meth:`ArrayStreams.send_now`),
+so the thread that computed an array writes its frame itself, with no hop to the loop and back;
+the peer reads it like any other. Only for plain TCP: over TLS every frame goes through the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import socket
 import struct
+import threading
 from collections.abc import Awaitable, Callable
 
 import numpy as np
+from tornado.iostream import SSLIOStream
 
 HANDLER = "workbench_collective_stream"
 HEADER = struct.Struct("<IQ")  # length of the names that follow, payload bytes
@@ -52,11 +61,17 @@ class ArrayStreams:
         Where an array that arrived goes (a mailbox's ``put``).
     into : ``into(group, key, dtype, nbytes)``
         The array registered to receive ``key`` of ``group``, or None for a fresh one.
+    loop : asyncio event loop, optional
+        The loop the comms live on; without one there are no sockets for :meth:`send_now`.
     """
 
-    def __init__(self, connect: Callable[[str], Awaitable], deliver: Callable, into: Callable):
-        self._connect, self._deliver, self._into = connect, deliver, into
+    def __init__(self, connect: Callable[[str], Awaitable], deliver: Callable, into: Callable, loop=None):
+        self._connect, self._deliver, self._into, self._loop = connect, deliver, into, loop
         self._out: dict[str, asyncio.Future] = {}
+        self._lock = threading.Lock()
+        # peer address -> (socket, its lock) the sending threads write to; False: none to be had
+        self._direct: dict[str, tuple | bool] = {}
+        self._opening: set[str] = set()
 
     async def stream_to(self, address: str):
         """The open stream to ``address`` (opened on first use, again after it broke), or None
@@ -82,6 +97,11 @@ class ArrayStreams:
             and f.result() is not False
             and not f.result().closed()
         )
+
+    def direct_to(self) -> list[str]:
+        """The peers the calling threads can write frames to directly now (see :meth:`send_now`)."""
+        with self._lock:
+            return sorted(a for a, d in self._direct.items() if d)
 
     async def _open(self, address: str):
         comm = await self._connect(address)
@@ -109,6 +129,59 @@ class ArrayStreams:
             self._drop(address)
             raise
         return True
+
+    def send_now(self, address: str, group: str, key: str, value, timeout: float) -> bool:
+        """Write ``value`` (a contiguous array of at most :data:`SMALL` bytes) to ``address`` as one
+        frame from the calling thread, at most ``timeout`` seconds; False (nothing sent) where there
+        is no socket for it yet, or none to be had (then one is opened in the background)."""
+        with self._lock:
+            direct = self._direct.get(address)
+            if direct is None and address not in self._opening and self._loop is not None:
+                self._opening.add(address)
+                asyncio.run_coroutine_threadsafe(self._open_direct(address), self._loop)
+        if not direct or value.nbytes > SMALL:
+            return False
+        sock, lock = direct
+        data = frame_header(group, key, value) + memoryview(value).cast("B")
+        with lock:  # whole frames: threads of two groups may write to one peer
+            try:
+                if sock.gettimeout() != timeout:
+                    sock.settimeout(timeout)
+                sock.sendall(data)
+            except OSError:  # the socket broke or timed out (a frame may be cut short): the next opens another
+                self._drop_direct(address, direct)
+                raise
+        return True
+
+    async def _open_direct(self, address: str) -> None:
+        """A comm to ``address``'s stream handler whose socket the sending threads then own."""
+        direct: tuple | bool | None = None
+        try:
+            comm = await self._connect(address)
+            stream = getattr(comm, "stream", None)
+            if stream is None or isinstance(stream, SSLIOStream) or not isinstance(stream.socket, socket.socket):
+                comm.abort()
+                direct = False
+                return
+            await comm.write({"op": HANDLER, "reply": False})
+            # the peer sends nothing on this comm: once our message is out, the loop lets go of its
+            # descriptor (its reads and writes end there) and the connection lives on in ours
+            sock = socket.socket(fileno=os.dup(stream.socket.fileno()))
+            comm.abort()
+            direct = (sock, threading.Lock())
+        except OSError:  # not now: a later send tries again
+            pass
+        finally:
+            with self._lock:
+                self._opening.discard(address)
+                if direct is not None:
+                    self._direct[address] = direct
+
+    def _drop_direct(self, address: str, direct: tuple) -> None:
+        with self._lock:
+            if self._direct.get(address) is direct:
+                del self._direct[address]
+        direct[0].close()
 
     def _drop(self, address: str) -> None:
         opening = self._out.pop(address, None)
@@ -142,6 +215,11 @@ class ArrayStreams:
             if not opening.done():
                 opening.cancel()
             self._drop(address)
+        with self._lock:
+            direct, self._direct = self._direct, {}
+        for found in direct.values():
+            if found:
+                found[0].close()
 
 
 def _names(raw: bytes) -> tuple[str, str, np.dtype]:

@@ -151,7 +151,7 @@ class WorkerCollectives:
         self.worker = worker
         self.mailbox = Mailbox()
         self.communicators: dict[str, object] = {}
-        self.streams = ArrayStreams(self._connect, self.mailbox.put, self.mailbox.destination)
+        self.streams = ArrayStreams(self._connect, self.mailbox.put, self.mailbox.destination, worker.loop.asyncio_loop)
 
     async def _connect(self, address: str):
         return await connect(address, **self.worker.connection_args)
@@ -171,6 +171,10 @@ class WorkerCollectives:
         # as a message, with a reply: the comm hands our buffer to the socket without copying it, and
         # only the reply says the peer has it all, so the array is free to change after this returns
         await self.worker.rpc(address).workbench_collective(group=group.token, key=key, data=to_serialize(value))
+
+    def send_now(self, group: CollectiveGroup, peer: int, key: str, value) -> bool:
+        """A small array to ``peer`` from the calling thread (see :meth:`ArrayStreams.send_now`)."""
+        return self.streams.send_now(group.addresses[peer], group.token, key, value, group.timeout)
 
     def communicator(self, group: CollectiveGroup):
         found = self.communicators.get(group.token)
@@ -194,6 +198,7 @@ class WorkerCollectives:
                 self.worker.loop.asyncio_loop,
                 timeout=group.timeout,
                 algorithm=group.algorithm,
+                send_now=functools.partial(self.send_now, group),
             )
         self.communicators[group.token] = found
         return found
