@@ -21,6 +21,13 @@ so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``, a
   the tree order: one message round, ``R - 1`` times the array. Between 2 ranks that is
   as few bytes as the others, and half their latency: ``"auto"`` uses it for small arrays there.
 
+A small gather (of an array up to ``GATHER_BELOW`` bytes: ``"auto"``'s between 2 ranks, a step's
+usual small bucket) skips the event loop where the transport can send from the calling thread
+(``send_now``: Dask's comm over plain TCP, see :mod:`~workbench.cluster.collective.array_stream`):
+``start`` writes the array to each peer itself and ``wait`` sums what the loop's reader handed
+over (:class:`InlineHandle`), in the same order, so with the same bits; one thread wake-up instead of
+a hop to the loop and one back.
+
 Every element is summed in an order fixed by the ranks alone, once (then copied to
 the others) or by every rank alike: every rank ends with the same bits, and the
 result never depends on timing. Waits are bounded: a rank that hears nothing from

@@ -5,7 +5,8 @@ worker, and ranks send each other arrays over Dask's own comms (so TLS comes for
 free): one long-lived comm per peer, on which arrays travel as raw frames read
 straight into where they are used (:mod:`workbench.cluster.collective.array_stream`); over a
 comm without a byte stream (UCX, in-process) as messages to ``workbench_collective``
-with the worker's pooled ``rpc``. NumPy arrays are never pickled.
+with the worker's pooled ``rpc``. NumPy arrays are never pickled. Small arrays go out from the
+task's own thread, on a second comm per peer whose socket the sending threads own (plain TCP only).
 
 On the client, :meth:`CollectiveGroup.create` fixes the ranks (the workers of a
 run, in order) and a token unique to the run and its generation: two runs on one
