@@ -8,7 +8,8 @@ in-place all-reduce (sum) of a flat array: workbench's :mod:`workbench.cluster.c
 on an embedded Dask cluster of 2 worker processes, and ``torch.distributed.all_reduce``
 with the gloo backend in 2 processes (``pip install torch``; benchmark only). Rounds of
 both are interleaved, so a noisy machine moves both alike; ``--rounds`` and ``--iters``
-set how many. Also the per-message cost: the smallest size is latency only.
+set how many. Also the per-message cost: the smallest size is latency only. On a loaded machine
+read the ratios: each round's median against gloo's in the same round, and their median.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def main() -> None:
     group = CollectiveGroup.create(client, algorithm=args.algorithm)
     gloo = Gloo()
     results: dict = {(name, who): [] for name in sizes for who in ("workbench", "gloo")}
+    ratios: dict = {name: [] for name in sizes}  # each round's median against gloo's
     try:
         for _ in range(args.rounds):
             for name, nbytes in sizes.items():
@@ -126,20 +128,23 @@ def main() -> None:
                     client.submit(ours, group, nbytes, args.iters, workers=[a], pure=False) for a in group.addresses
                 ]
                 per_rank = client.gather(futures)
-                results[name, "workbench"] += [max(t) for t in zip(*per_rank)]
-                results[name, "gloo"] += gloo.run(nbytes, args.iters)
+                ours_round = [max(t) for t in zip(*per_rank)]
+                gloo_round = gloo.run(nbytes, args.iters)
+                results[name, "workbench"] += ours_round
+                results[name, "gloo"] += gloo_round
+                ratios[name].append(statistics.median(ours_round) / statistics.median(gloo_round))
     finally:
         gloo.close()
         wb.cluster.close(client)
     print(f"all-reduce, float32, 2 processes; median of {args.rounds} x {args.iters} (ms; GB/s = size / time)")
-    print("| size | workbench | gloo | workbench / gloo |")
-    print("|---|---:|---:|---:|")
+    print("| size | workbench | gloo | workbench / gloo | per round | median of rounds |")
+    print("|---|---:|---:|---:|---|---:|")
     for name, nbytes in sizes.items():
         a = statistics.median(results[name, "workbench"])
         b = statistics.median(results[name, "gloo"])
         print(
             f"| {name} | {a * 1e3:.2f} ms ({nbytes / a / 1e9:.2f} GB/s) | {b * 1e3:.2f} ms ({nbytes / b / 1e9:.2f} GB/s) "
-            f"| {a / b:.2f} |"
+            f"| {a / b:.2f} | {', '.join(f'{r:.2f}' for r in ratios[name])} | {statistics.median(ratios[name]):.2f} |"
         )
 
 
