@@ -151,50 +151,73 @@ class SocketComm:
             self.stream.socket.close()  # the loop's descriptor goes; the one handed to the threads stays
 
 
-def read_frames(sock, count: int) -> list:
-    """``count`` frames read from ``sock`` by the stream reader, as the peer's loop reads them."""
-    data = b""
-    sock.settimeout(5)
-    got, mailbox = [], Mailbox()
-    while len(got) < count:
-        data += sock.recv(1 << 20)
-        got, _ = read_all(mailbox, data)
-    return got
-
-
 def test_small_frames_go_out_from_the_calling_thread_on_a_socket_of_its_own():
     ours, theirs = socket.socketpair()
-    opened = []
-
-    async def connect(address):
-        opened.append(address)
-        return SocketComm(ours)
-
+    opened, got = [], []
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    # the peer: its stream handler takes the comm over (its own end of the pair) and reads it on the loop
+    peer = ArrayStreams(None, lambda *frame: got.append(frame), lambda *_: None, loop)
+
+    async def connect(address):
+        opened.append(address)
+        comm = SocketComm(ours)
+        real_write = comm.write
+
+        async def write(msg):  # the handler's message reaches the peer's handler
+            await real_write(msg)
+            asyncio.ensure_future(peer.read(SocketComm(theirs), direct=msg.get("direct", False)))
+
+        comm.write = write
+        return comm
+
+    def until(condition):
+        deadline = time.monotonic() + 5
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return condition()
+
     try:
         streams = ArrayStreams(connect, None, None, loop)
         assert not streams.send_now("tcp://peer", "g", "first", np.ones(4), 5.0)  # none yet: opened meanwhile
-        deadline = time.monotonic() + 5
-        while not streams.direct_to() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert streams.direct_to() == ["tcp://peer"] and opened == ["tcp://peer"]
-        values = [np.arange(10, dtype="float32"), np.full(3, 7, dtype="int64")]
+        assert until(streams.direct_to) and streams.direct_to() == ["tcp://peer"] and opened == ["tcp://peer"]
+        values = [np.arange(10, dtype="float32"), np.full(3, 7, dtype="int64"), np.ones(SMALL // 8)]
         assert all(streams.send_now("tcp://peer", "g", f"k{i}", v, 5.0) for i, v in enumerate(values))
         assert not streams.send_now("tcp://peer", "g", "large", np.ones(SMALL // 8 + 1), 5.0)  # the loop's
-        got = read_frames(theirs, 2)
-        assert [(g, k) for g, k, _ in got] == [("g", "k0"), ("g", "k1")]
+        assert until(lambda: len(got) == 3)
+        assert [(g, k) for g, k, _ in got] == [("g", "k0"), ("g", "k1"), ("g", "k2")]
         assert all(a.dtype == v.dtype and a.tobytes() == v.tobytes() for (_, _, a), v in zip(got, values))
-        theirs.close()  # the peer went away: a send fails, then a new socket is opened
+        loop.call_soon_threadsafe(peer.close)  # the peer went away: a send fails, then a new socket is opened
         with pytest.raises(OSError):
-            for _ in range(100):  # the first writes may still reach the socket's buffer
+            for _ in range(1000):  # the first writes may still reach the socket's buffer
                 streams.send_now("tcp://peer", "g", "gone", np.ones(4), 5.0)
+                time.sleep(0.001)
         assert streams.direct_to() == []
         streams.close()
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+def test_a_direct_socket_that_sends_garbage_is_closed():
+    ours, theirs = socket.socketpair()
+    got = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        streams = ArrayStreams(None, lambda *frame: got.append(frame), lambda *_: None, loop)
+        await streams.read(SocketComm(theirs), direct=True)
+        ours.setblocking(False)
+        assert await loop.sock_recv(ours, 1) == b"\x01"  # the reader took it over
+        objects = frame_header("g", "x", np.zeros(1)).replace(b"<f8", b"|O8") + b"\0" * 8
+        await loop.sock_sendall(ours, frame("g", "ok", np.ones(2)) + objects + frame("g", "after", np.ones(2)))
+        async with asyncio.timeout(5):
+            assert await loop.sock_recv(ours, 1) == b""  # the reader closed its end
+        streams.close()
+
+    asyncio.run(main())
+    assert [(g, k) for g, k, _ in got] == [("g", "ok")]  # the good frame; never an object array, nor what followed
 
 
 def test_no_socket_of_its_own_over_tls():

@@ -38,6 +38,9 @@ from tornado.iostream import SSLIOStream
 HANDLER = "workbench_collective_stream"
 HEADER = struct.Struct("<IQ")  # length of the names that follow, payload bytes
 SMALL = 64 << 10  # a payload up to this many bytes goes out in the header's write
+NAMES = 4 << 10  # at most this many bytes of names in a frame on a direct socket
+ACK = b"\x01"  # a direct socket's reader took it over: frames may follow
+ACK_SECONDS = 30.0
 KINDS = "biufc"  # dtypes a frame may carry: plain numbers only, never objects
 
 
@@ -72,6 +75,7 @@ class ArrayStreams:
         # peer address -> (socket, its lock) the sending threads write to; False: none to be had
         self._direct: dict[str, tuple | bool] = {}
         self._opening: set[str] = set()
+        self._incoming: set[DirectReader] = set()
 
     async def stream_to(self, address: str):
         """The open stream to ``address`` (opened on first use, again after it broke), or None
@@ -163,13 +167,23 @@ class ArrayStreams:
                 comm.abort()
                 direct = False
                 return
-            await comm.write({"op": HANDLER, "reply": False})
-            # the peer sends nothing on this comm: once our message is out, the loop lets go of its
-            # descriptor (its reads and writes end there) and the connection lives on in ours
+            await comm.write({"op": HANDLER, "reply": False, "direct": True})
+            # the peer sends one byte once its reader owns the socket, nothing after: the loop lets go
+            # of its descriptor (its reads and writes end there) and the connection lives on in ours
             sock = socket.socket(fileno=os.dup(stream.socket.fileno()))
             comm.abort()
+            sock.setblocking(False)
+            try:
+                async with asyncio.timeout(ACK_SECONDS):
+                    ack = await asyncio.get_running_loop().sock_recv(sock, 1)
+            except BaseException:
+                sock.close()
+                raise
+            if ack != ACK:
+                sock.close()
+                return
             direct = (sock, threading.Lock())
-        except OSError:  # not now: a later send tries again
+        except OSError:  # not now (TimeoutError included): a later send tries again
             pass
         finally:
             with self._lock:
@@ -190,8 +204,11 @@ class ArrayStreams:
             if comm is not False:
                 comm.abort()
 
-    async def read(self, comm) -> None:
-        """Deliver every frame that arrives on ``comm`` until it closes (the stream handler)."""
+    async def read(self, comm, direct: bool = False) -> None:
+        """Deliver every frame that arrives on ``comm`` until it closes (the stream handler); with
+        ``direct`` (a peer's sending threads write to it) by a :class:`DirectReader` of its socket."""
+        if direct:
+            return self._read_direct(comm)
         stream = comm.stream
         try:
             while True:
@@ -210,7 +227,27 @@ class ArrayStreams:
         finally:
             comm.abort()
 
+    def _read_direct(self, comm) -> None:
+        stream = comm.stream
+        sock = getattr(stream, "socket", None)
+        if isinstance(stream, SSLIOStream) or not isinstance(sock, socket.socket):
+            comm.abort()
+            return
+        # nothing came after the handler's message (the peer waits for our byte): the comm's buffer is
+        # empty, and the socket is the reader's from here on
+        sock = socket.socket(fileno=os.dup(sock.fileno()))
+        comm.abort()
+        sock.setblocking(False)
+        try:
+            sock.send(ACK)
+        except OSError:
+            sock.close()
+            return
+        self._incoming.add(DirectReader(sock, self._deliver, self._into, self._incoming.discard))
+
     def close(self) -> None:
+        for reader in list(self._incoming):
+            reader.close()
         for address, opening in list(self._out.items()):
             if not opening.done():
                 opening.cancel()
@@ -220,6 +257,61 @@ class ArrayStreams:
         for found in direct.values():
             if found:
                 found[0].close()
+
+
+class DirectReader:
+    """Frames of at most :data:`SMALL` bytes from a socket of its own, read by a callback of the event
+    loop when the socket is readable (no coroutine, no stream buffer): each is copied once, from the
+    reader's buffer into the array it arrives in, and delivered at once."""
+
+    def __init__(self, sock: socket.socket, deliver: Callable, into: Callable, closed: Callable):
+        self.sock, self._deliver, self._into, self._closed = sock, deliver, into, closed
+        self.buffer = bytearray(2 * (HEADER.size + NAMES + SMALL))  # room for a whole frame and more
+        self.view, self.end = memoryview(self.buffer), 0
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            n = self.sock.recv_into(self.view[self.end :])
+            if n == 0:  # the peer closed it
+                raise ConnectionResetError
+            self.end += n
+            self._frames()
+        except BlockingIOError:
+            pass
+        except (OSError, ValueError, UnicodeDecodeError):  # the peer went away, or sent garbage
+            self.close()
+
+    def _frames(self) -> None:
+        """Deliver the whole frames in the buffer; keep what is left of the next."""
+        pos = 0
+        while self.end - pos >= HEADER.size:
+            names, nbytes = HEADER.unpack_from(self.buffer, pos)
+            if names > NAMES or nbytes > SMALL:
+                raise FrameError(f"a frame of {names} bytes of names and {nbytes} of payload on a direct socket")
+            start = pos + HEADER.size + names
+            if start + nbytes > self.end:
+                break
+            group, key, dtype = _names(bytes(self.view[pos + HEADER.size : start]))
+            if dtype.kind not in KINDS or nbytes % dtype.itemsize:
+                raise FrameError(f"a frame of {nbytes} bytes of {dtype} for {key!r}")
+            array = self._into(group, key, dtype, nbytes)
+            if array is None:
+                array = np.empty(nbytes // dtype.itemsize, dtype)
+            if nbytes:
+                memoryview(array).cast("B")[:] = self.view[start : start + nbytes]
+            self._deliver(group, key, array)
+            pos = start + nbytes
+        if pos:
+            self.buffer[: self.end - pos] = self.view[pos : self.end]
+            self.end -= pos
+
+    def close(self) -> None:
+        if self.sock.fileno() >= 0:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+        self._closed(self)
 
 
 def _names(raw: bytes) -> tuple[str, str, np.dtype]:

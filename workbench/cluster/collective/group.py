@@ -161,9 +161,10 @@ class WorkerCollectives:
         """The message handler: an array from a peer (runs on the worker's event loop)."""
         self.mailbox.put(group, key, data)
 
-    async def receive_stream(self, comm) -> None:
-        """The stream handler: the arrays a peer sends on a comm of its own, until it closes."""
-        await self.streams.read(comm)
+    async def receive_stream(self, comm, direct: bool = False) -> None:
+        """The stream handler: the arrays a peer sends on a comm of its own, until it closes
+        (``direct``: one its sending threads write to, read by the loop without a coroutine)."""
+        await self.streams.read(comm, direct)
 
     async def send(self, group: CollectiveGroup, peer: int, key: str, value) -> None:
         address = group.addresses[peer]
