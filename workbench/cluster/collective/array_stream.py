@@ -17,9 +17,11 @@ payload to the socket the array is the sender's again, and a sum the peer sends 
 on having read it all. Comms without a byte stream (UCX, in-process) fall back to messages.
 
 Small arrays skip the event loop on the way out: a second comm to each peer, opened the same
-way, is handed over to the sending threads as a plain blocking socket (:meth:`ArrayStreams.send_now`),
-so the thread that computed an array writes its frame itself, with no hop to the loop and back;
-the peer reads it like any other. Only for plain TCP: over TLS every frame goes through the loop.
+way, is handed over to the sending threads as a plain socket (:meth:`ArrayStreams.send_now`), so
+the thread that computed an array writes its frame itself, with no hop to the loop. The peer's
+stream handler takes that comm's socket over too (:class:`DirectReader`): a callback of its loop
+reads the frames when the socket is readable and delivers each in that same loop iteration. Only
+for plain TCP: over TLS every frame goes through the comm's stream.
 """
 
 from __future__ import annotations
