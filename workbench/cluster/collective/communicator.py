@@ -460,8 +460,8 @@ class Communicator:
 
     def _start_inline(self, bucket: str, flat, scale) -> InlineHandle | None:
         """The gather of a small array from the calling thread: sent to every peer now, summed in
-        :meth:`InlineHandle.wait`. None where no peer can be sent to directly yet (the event loop
-        does it all then); peers that cannot yet get it through the event loop."""
+        :meth:`InlineHandle.wait`. None where the first peer cannot be sent to directly yet (the event
+        loop does it all then); a later peer that cannot gets the array through the event loop."""
         r = self.rank
         peers = [p for p in range(self.size) if p != r]
         key, direct, error = f"{bucket}|all|{r}", 0, None
