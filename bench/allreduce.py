@@ -9,7 +9,9 @@ on an embedded Dask cluster of 2 worker processes, and ``torch.distributed.all_r
 with the gloo backend in 2 processes (``pip install torch``; benchmark only). Rounds of
 both are interleaved, so a noisy machine moves both alike; ``--rounds`` and ``--iters``
 set how many. Also the per-message cost: the smallest size is latency only. On a loaded machine
-read the ratios: each round's median against gloo's in the same round, and their median.
+read the ratios: each round's median against gloo's in the same round, and their median; and
+workbench's CPU an all-reduce on the worker's event loop thread and on the calling thread (what
+the waiting leaves: the Python and the system calls per message).
 """
 
 from __future__ import annotations
