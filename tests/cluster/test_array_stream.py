@@ -210,14 +210,21 @@ def test_a_direct_socket_that_sends_garbage_is_closed():
         await streams.read(SocketComm(theirs), direct=True)
         ours.setblocking(False)
         assert await loop.sock_recv(ours, 1) == b"\x01"  # the reader took it over
+        whole = frame("g", "split", np.arange(3.0)) + frame("g", "ok", np.ones(2))
+        for cut in (5, 30, 60):  # cut in a header, in a payload, in the second frame: each arrives whole
+            await loop.sock_sendall(ours, whole[:cut])
+            await asyncio.sleep(0.05)
+            await loop.sock_sendall(ours, whole[cut:])
+            await asyncio.sleep(0.05)
         objects = frame_header("g", "x", np.zeros(1)).replace(b"<f8", b"|O8") + b"\0" * 8
-        await loop.sock_sendall(ours, frame("g", "ok", np.ones(2)) + objects + frame("g", "after", np.ones(2)))
+        await loop.sock_sendall(ours, objects + frame("g", "after", np.ones(2)))
         async with asyncio.timeout(5):
             assert await loop.sock_recv(ours, 1) == b""  # the reader closed its end
         streams.close()
 
     asyncio.run(main())
-    assert [(g, k) for g, k, _ in got] == [("g", "ok")]  # the good frame; never an object array, nor what followed
+    assert [k for _, k, _ in got] == ["split", "ok"] * 3  # never an object array, nor what followed it
+    assert got[0][2].tolist() == [0.0, 1.0, 2.0] and got[1][2].tolist() == [1.0, 1.0]
 
 
 def test_no_socket_of_its_own_over_tls():

@@ -181,8 +181,9 @@ class ArrayStreams:
             except BaseException:
                 sock.close()
                 raise
-            if ack != ACK:
+            if ack != ACK:  # the peer closed it: it reads no direct sockets (the loop sends it all)
                 sock.close()
+                direct = False
                 return
             direct = (sock, threading.Lock())
         except OSError:  # not now (TimeoutError included): a later send tries again
@@ -306,8 +307,10 @@ class DirectReader:
             self._deliver(group, key, array)
             pos = start + nbytes
         if pos:
-            self.buffer[: self.end - pos] = self.view[pos : self.end]
-            self.end -= pos
+            rest = self.end - pos
+            if rest:  # the start of the next frame to the front (through a copy: the two may overlap)
+                self.buffer[:rest] = bytes(self.view[pos : self.end])
+            self.end = rest
 
     def close(self) -> None:
         if self.sock.fileno() >= 0:
