@@ -8,7 +8,10 @@ in-place all-reduce (sum) of a flat array: workbench's :mod:`workbench.cluster.c
 on an embedded Dask cluster of 2 worker processes, and ``torch.distributed.all_reduce``
 with the gloo backend in 2 processes (``pip install torch``; benchmark only). Rounds of
 both are interleaved, so a noisy machine moves both alike; ``--rounds`` and ``--iters``
-set how many. Also the per-message cost: the smallest size is latency only.
+set how many. Also the per-message cost: the smallest size is latency only. On a loaded machine
+read the ratios: each round's median against gloo's in the same round, and their median; and
+workbench's CPU an all-reduce on the worker's event loop thread and on the calling thread (what
+the waiting leaves: the Python and the system calls per message).
 """
 
 from __future__ import annotations
@@ -29,21 +32,30 @@ SIZES = {"4 KB": 4_000, "512 KB": 512_000, "1 MB": 1_000_000, "7.46 MB": 7_460_0
 DEFAULT_SIZES = ("4 KB", "512 KB", "7.46 MB")
 
 
-def ours(group, nbytes: int, iters: int) -> list[float]:
-    """On each rank: ``iters`` timed all-reduces (after one untimed, which also lines the ranks up)."""
+def ours(group, nbytes: int, iters: int) -> tuple[list[float], float, float]:
+    """On each rank: ``iters`` timed all-reduces (after one untimed, which also lines the ranks up),
+    and the CPU seconds an all-reduce took on the worker's event loop thread and on the calling thread."""
+    import asyncio
+
     from workbench.cluster.collective.group import communicator
+
+    async def loop_cpu() -> float:
+        return time.thread_time()
 
     comm = communicator(group)
     flat = np.ones(nbytes // 4, dtype="float32")
     comm.allreduce(flat, bucket=f"warm-{nbytes}")
-    times = []
+    times, cpu = [], 0.0
+    loop_began = asyncio.run_coroutine_threadsafe(loop_cpu(), comm.loop).result()
     for i in range(iters):
         flat.fill(1.0)
-        started = time.perf_counter()
+        started, began = time.perf_counter(), time.thread_time()
         comm.allreduce(flat, bucket=f"{nbytes}-{i}")
+        cpu += time.thread_time() - began
         times.append(time.perf_counter() - started)
+    loop = asyncio.run_coroutine_threadsafe(loop_cpu(), comm.loop).result() - loop_began
     assert flat[0] == comm.size
-    return times
+    return times, loop / iters, cpu / iters
 
 
 def gloo_rank(rank: int, port: int, pipe) -> None:
@@ -119,6 +131,8 @@ def main() -> None:
     group = CollectiveGroup.create(client, algorithm=args.algorithm)
     gloo = Gloo()
     results: dict = {(name, who): [] for name in sizes for who in ("workbench", "gloo")}
+    ratios: dict = {name: [] for name in sizes}  # each round's median against gloo's
+    cpu: dict = {name: [] for name in sizes}  # (event loop thread, calling thread) s an all-reduce, per rank and round
     try:
         for _ in range(args.rounds):
             for name, nbytes in sizes.items():
@@ -126,21 +140,31 @@ def main() -> None:
                     client.submit(ours, group, nbytes, args.iters, workers=[a], pure=False) for a in group.addresses
                 ]
                 per_rank = client.gather(futures)
-                results[name, "workbench"] += [max(t) for t in zip(*per_rank)]
-                results[name, "gloo"] += gloo.run(nbytes, args.iters)
+                ours_round = [max(t) for t in zip(*[times for times, _, _ in per_rank])]
+                cpu[name] += [(loop, calling) for _, loop, calling in per_rank]
+                gloo_round = gloo.run(nbytes, args.iters)
+                results[name, "workbench"] += ours_round
+                results[name, "gloo"] += gloo_round
+                ratios[name].append(statistics.median(ours_round) / statistics.median(gloo_round))
     finally:
         gloo.close()
         wb.cluster.close(client)
     print(f"all-reduce, float32, 2 processes; median of {args.rounds} x {args.iters} (ms; GB/s = size / time)")
-    print("| size | workbench | gloo | workbench / gloo |")
-    print("|---|---:|---:|---:|")
+    print("| size | workbench | gloo | workbench / gloo | per round | median of rounds |")
+    print("|---|---:|---:|---:|---|---:|")
     for name, nbytes in sizes.items():
         a = statistics.median(results[name, "workbench"])
         b = statistics.median(results[name, "gloo"])
         print(
             f"| {name} | {a * 1e3:.2f} ms ({nbytes / a / 1e9:.2f} GB/s) | {b * 1e3:.2f} ms ({nbytes / b / 1e9:.2f} GB/s) "
-            f"| {a / b:.2f} |"
+            f"| {a / b:.2f} | {', '.join(f'{r:.2f}' for r in ratios[name])} | {statistics.median(ratios[name]):.2f} |"
         )
+    print("\nworkbench's CPU an all-reduce, median over ranks and rounds (us; the rest of the time is waiting)")
+    print("| size | event loop thread | calling thread |")
+    print("|---|---:|---:|")
+    for name in sizes:
+        loop, calling = (statistics.median(c) * 1e6 for c in zip(*cpu[name]))
+        print(f"| {name} | {loop:.0f} | {calling:.0f} |")
 
 
 if __name__ == "__main__":

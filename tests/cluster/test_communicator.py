@@ -1,6 +1,7 @@
 """The all-reduce algorithms over an in-memory transport: no cluster, one event loop in a thread."""
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -177,3 +178,118 @@ def test_direct_pipelines_large_chunks_in_segments_with_the_same_bits(loop, size
     for r in results:
         assert r.tobytes() == expected.tobytes()
     assert comms[0].bytes_sent == pytest.approx(2 * (size - 1) / size * parts[0].nbytes, rel=0.01)
+
+
+def inline_group(loop, size, timeout=10.0, name="i", refuse=(), fail=(), send_now=None):
+    """``size`` communicators that send small arrays from the calling thread: delivered to the peer's
+    mailbox on the loop, as the peer's stream reader would; ``refuse``: peers with no direct way yet
+    (the loop sends to them), ``fail``: peers the direct send fails for. Each rank's loop sends are counted."""
+    boxes = [Mailbox() for _ in range(size)]
+    loop_sends = [0] * size
+
+    def sender(rank):
+        async def send(peer, key, value):
+            loop_sends[rank] += 1
+            boxes[peer].put(name, key, np.array(value))
+
+        def now(peer, key, value):
+            if peer in fail:
+                raise ConnectionResetError("the peer went away")
+            if peer in refuse:
+                return False
+            loop.call_soon_threadsafe(boxes[peer].put, name, key, np.array(value))
+            return True
+
+        return send, send_now or now
+
+    addresses = [f"inproc://{r}" for r in range(size)]
+    comms = []
+    for r in range(size):
+        send, now = sender(r)
+        comms.append(Communicator(name, r, addresses, send, boxes[r], loop, timeout, "auto", send_now=now))
+    return comms, loop_sends
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_small_gathers_from_the_calling_thread_give_the_gathers_bits(loop, size):
+    rng = np.random.default_rng(size)
+    parts = [rng.standard_normal(1003) * 10.0 ** rng.integers(-8, 8, 1003) for _ in range(size)]
+    comms, loop_sends = inline_group(loop, size, name=f"inline-{size}")
+    for c in comms:
+        c.algorithm = "gather"  # "auto" gathers between 2 ranks only
+    for step in range(3):  # several buckets one after the other, as steps do
+        flats = [p.copy() for p in parts]
+        handles = [c.start(f"step-{step}", f, scale=0.25) for c, f in zip(comms, flats)]
+        results = [h.wait(10) for h in handles]
+        expected = tree_sum(parts, np.empty_like(parts[0])) * 0.25  # over the ranks, in rank order
+        for r in results:
+            assert r.tobytes() == expected.tobytes()
+    assert loop_sends == [0] * size  # every array went out from the calling thread
+    for c in comms:
+        assert c.bytes_sent == c.bytes_received == 3 * (size - 1) * parts[0].nbytes
+
+
+def test_auto_takes_the_calling_thread_for_small_arrays_between_2_ranks_only(loop):
+    comms, loop_sends = inline_group(loop, 2, name="auto-2")
+    small, large = [np.full(100, r + 1.0) for r in range(2)], [np.full(10_000, r + 1.0) for r in range(2)]
+    for flats in (small, large):
+        for h in [c.start(f"b{len(flats[0])}", f) for c, f in zip(comms, flats)]:
+            assert h.wait(10)[0] == 3.0
+    assert loop_sends == [2, 2]  # the large one was direct's, through the loop: a chunk each way, each round
+    comms3, loop_sends3 = inline_group(loop, 3, name="auto-3")
+    for h in [c.start("b", np.ones(100)) for c in comms3]:
+        assert h.wait(10).tolist() == [3.0] * 100
+    assert loop_sends3 == [4, 4, 4]  # 3 ranks: direct's two rounds, through the loop
+
+
+@pytest.mark.parametrize("refuse", [(0, 1), (1,)])
+def test_peers_without_a_direct_way_get_the_array_through_the_loop(loop, refuse):
+    comms, loop_sends = inline_group(loop, 3, name=f"refuse-{len(refuse)}", refuse=refuse)
+    for c in comms:
+        c.algorithm = "gather"
+    flats = [np.arange(50.0) * (r + 1) for r in range(3)]
+    for h in [c.start("b", f) for c, f in zip(comms, flats)]:
+        np.testing.assert_array_equal(h.wait(10), np.arange(50.0) * 6)
+    # a rank whose first peer has no direct way sends it all through the loop; else only to those without
+    assert loop_sends == {(0, 1): [2, 2, 2], (1,): [2, 0, 1]}[refuse]
+    assert all(c.bytes_sent == c.bytes_received == 2 * 50 * 8 for c in comms)
+
+
+def test_a_silent_peer_or_a_short_wait_is_named_on_the_calling_threads_path(loop):
+    comms, _ = inline_group(loop, 2, timeout=0.3, name="silent-inline")
+    handle = comms[0].start("b", np.ones(8))  # rank 1 never starts
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"nothing from rank 1 \(inproc://1\) for 0.3 s \(did it die or hang\?\)"):
+        handle.wait(5)
+    assert time.monotonic() - started < 2
+    with pytest.raises(ClusterError, match="nothing from rank 1"):  # the failure stays
+        handle.summed(5)
+    comms, _ = inline_group(loop, 2, timeout=10, name="short-inline")
+    handle = comms[0].start("b", np.ones(8))
+    assert not handle.done()
+    with pytest.raises(ClusterError, match=r"bucket 'b' on rank 0 timed out after 0.2 s waiting for rank 1"):
+        handle.wait(0.2)
+
+
+def test_a_failed_direct_send_or_a_bad_array_is_named_at_wait(loop):
+    comms, _ = inline_group(loop, 2, name="fail-inline", fail=(1,))
+    handle = comms[0].start("b", np.ones(8))
+    assert handle.done()  # nothing left to wait for: wait raises at once
+    with pytest.raises(
+        ClusterError, match=r"sending 'b\|all\|0' to rank 1 \(inproc://1\) failed: ConnectionResetError"
+    ):
+        handle.wait(5)
+    comms, _ = inline_group(loop, 2, name="bad-inline")
+    wrong = comms[1].start("b", np.ones(8, dtype="float32"))
+    with pytest.raises(ClusterError, match=r"rank 1 \(inproc://1\) sent float32 \(8,\) .* float64 \(8,\) belongs"):
+        comms[0].start("b", np.ones(8)).wait(5)
+    with pytest.raises(ClusterError, match="sent float64"):
+        wrong.wait(5)
+
+
+def test_closing_ends_a_wait_on_the_calling_threads_path(loop):
+    comms, _ = inline_group(loop, 2, name="closed-inline")
+    handle = comms[0].start("b", np.ones(8))
+    threading.Timer(0.2, comms[0].close).start()
+    with pytest.raises(ClusterError, match="collective 'closed-inline' was released while it waited for rank 1"):
+        handle.wait(5)

@@ -21,6 +21,13 @@ so each rank sends and receives ``2 (R - 1) / R`` of the array whatever ``R``, a
   the tree order: one message round, ``R - 1`` times the array. Between 2 ranks that is
   as few bytes as the others, and half their latency: ``"auto"`` uses it for small arrays there.
 
+A small gather (of an array up to ``GATHER_BELOW`` bytes: ``"auto"``'s between 2 ranks, a step's
+usual small bucket) skips the event loop where the transport can send from the calling thread
+(``send_now``: Dask's comm over plain TCP, see :mod:`~workbench.cluster.collective.array_stream`):
+``start`` writes the array to each peer itself and ``wait`` sums what the loop's reader handed
+over (:class:`InlineHandle`), in the same order, so with the same bits; one thread wake-up instead of
+a hop to the loop and one back.
+
 Every element is summed in an order fixed by the ranks alone, once (then copied to
 the others) or by every rank alike: every rank ends with the same bits, and the
 result never depends on timing. Waits are bounded: a rank that hears nothing from
@@ -32,6 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
+import time
 from typing import Any
 from collections.abc import Awaitable, Callable
 
@@ -50,14 +59,20 @@ STRAY_SECONDS = 120.0
 
 
 class Mailbox:
-    """Arrays that arrived, by key, and the receivers waiting for them (all on one event loop).
+    """Arrays that arrived, by key, and the receivers waiting for them.
+
+    Arrays arrive on one event loop (:meth:`put`); a coroutine on that loop takes one with
+    :meth:`take`, a thread with :meth:`receive` (a future the arrival resolves: no hop through the
+    loop to wait). One lock covers what arrived and who waits, so the two never miss each other.
 
     Messages for a group that no communicator of this mailbox joins within ``stray_seconds`` are
     dropped: a stray message (another run's, a crafted one) pins no memory for longer than that.
     """
 
     def __init__(self, stray_seconds: float = STRAY_SECONDS):
-        self._slots: dict[str, asyncio.Future] = {}
+        self._lock = threading.Lock()
+        self._arrived: dict[str, Any] = {}  # key -> an array nobody took yet
+        self._waiting: dict[str, Any] = {}  # key -> the receiver's future (asyncio's or a thread's)
         self._closed: set[str] = set()  # groups released here: late messages for them are dropped
         self._joined: set[str] = set()
         self._pending: set[str] = set()  # groups not joined (yet) with an expiry scheduled
@@ -66,34 +81,37 @@ class Mailbox:
 
     def join(self, group: str) -> None:
         """A communicator of ``group`` receives here: its messages are kept until taken or released."""
-        self._joined.add(group)
+        with self._lock:
+            self._joined.add(group)
+
+    def _drop(self, group: str, unless_joined: bool) -> None:
+        """Forget what arrived for ``group`` and cancel its receivers."""
+        prefix = f"{group}|"
+        with self._lock:
+            if unless_joined and group in self._joined:
+                return
+            for key in [k for k in self._arrived if k.startswith(prefix)]:
+                del self._arrived[key]
+            waiters = [self._waiting.pop(k) for k in [k for k in self._waiting if k.startswith(prefix)]]
+        for waiter in waiters:
+            waiter.cancel()
 
     def _expire(self, group: str) -> None:
         self._pending.discard(group)
-        if group in self._joined:
-            return
-        prefix = f"{group}|"
-        for key in [k for k in self._slots if k.startswith(prefix)]:
-            self._slots.pop(key).cancel()
-
-    def _slot(self, key: str) -> asyncio.Future:
-        slot = self._slots.get(key)
-        if slot is None:
-            slot = self._slots[key] = asyncio.get_running_loop().create_future()
-        return slot
+        self._drop(group, unless_joined=True)
 
     def expect(self, group: str, key: str, into) -> None:
         """Ask that ``key`` of ``group``, if it has not arrived yet, be written into ``into``
         (a transport that can read into a buffer asks :meth:`destination`). Only for an array that
         nothing reads until the message is taken: one already being read in when a wait fails may
-        still land in it."""
+        still land in it. On the event loop."""
         full = f"{group}|{key}"
-        if group not in self._closed and full not in self._slots:
+        if group not in self._closed and full not in self._arrived:
             self._into[full] = into
 
     def destination(self, group: str, key: str, dtype, nbytes: int):
         """The array registered for ``key`` of ``group`` if a message of ``nbytes`` bytes of
-        ``dtype`` fits it exactly (it is then handed out once), else None."""
+        ``dtype`` fits it exactly (it is then handed out once), else None. On the event loop."""
         full = f"{group}|{key}"
         into = self._into.get(full)
         if into is None or into.dtype != dtype or into.nbytes != nbytes or group in self._closed:
@@ -102,43 +120,78 @@ class Mailbox:
         return into
 
     def put(self, group: str, key: str, value) -> None:
-        if group in self._closed:
-            return
-        if group not in self._joined and group not in self._pending:
-            self._pending.add(group)
-            asyncio.get_running_loop().call_later(self.stray_seconds, self._expire, group)
-        slot = self._slot(f"{group}|{key}")
-        if not slot.done():
-            slot.set_result(value)
+        """``value`` arrived for ``key`` of ``group`` (on the event loop): to its receiver, or kept."""
+        full = f"{group}|{key}"
+        with self._lock:
+            if group in self._closed:
+                return
+            if group not in self._joined and group not in self._pending:
+                self._pending.add(group)
+                asyncio.get_running_loop().call_later(self.stray_seconds, self._expire, group)
+            waiter = self._waiting.pop(full, None)
+            if waiter is None:
+                self._arrived.setdefault(full, value)  # the first of two with one key wins
+                return
+        if not waiter.done():
+            waiter.set_result(value)
 
     async def take(self, group: str, key: str, timeout: float):
+        """The array for ``key`` of ``group`` once it arrives (on the event loop; at most ``timeout`` s)."""
         full = f"{group}|{key}"
+        with self._lock:
+            if full in self._arrived:
+                self._into.pop(full, None)
+                return self._arrived.pop(full)
+            if group in self._closed:
+                raise asyncio.CancelledError
+            waiter = self._waiting[full] = asyncio.get_running_loop().create_future()
         try:
-            async with asyncio.timeout(timeout):  # on a timeout the slot is cancelled, then dropped below
-                return await self._slot(full)
+            async with asyncio.timeout(timeout):
+                return await waiter
         finally:
             self._into.pop(full, None)
-            slot = self._slots.get(full)
-            if slot is not None and slot.done():
-                del self._slots[full]
+            self._forget(full, waiter)
+
+    def receive(self, group: str, key: str) -> concurrent.futures.Future:
+        """A future of the array for ``key`` of ``group`` (from any thread); cancelled if the group is
+        released. Pass it to :meth:`forget` when no longer waiting for it."""
+        full, future = f"{group}|{key}", concurrent.futures.Future()
+        with self._lock:
+            if full in self._arrived:
+                future.set_result(self._arrived.pop(full))
+            elif group in self._closed:
+                future.cancel()
+            else:
+                self._waiting[full] = future
+        return future
+
+    def forget(self, group: str, key: str, future) -> None:
+        """No longer wait with ``future`` for ``key`` of ``group`` (what arrives later is kept until released)."""
+        self._forget(f"{group}|{key}", future)
+
+    def _forget(self, full: str, future) -> None:
+        with self._lock:
+            if self._waiting.get(full) is future:
+                del self._waiting[full]
 
     def has(self, group: str, key: str) -> bool:
-        """Whether ``key`` of ``group`` has arrived and is not taken yet (on the event loop)."""
-        slot = self._slots.get(f"{group}|{key}")
-        return slot is not None and slot.done() and not slot.cancelled()
+        """Whether ``key`` of ``group`` has arrived and is not taken yet."""
+        with self._lock:
+            return f"{group}|{key}" in self._arrived
 
     def release(self, group: str) -> None:
         """Forget ``group``: drop what arrived for it, cancel its waiters, ignore what comes later."""
-        self._closed.add(group)
-        self._joined.discard(group)
+        with self._lock:
+            self._closed.add(group)
+            self._joined.discard(group)
+        self._drop(group, unless_joined=False)
         prefix = f"{group}|"
-        for key in [k for k in self._slots if k.startswith(prefix)]:
-            self._slots.pop(key).cancel()
         for key in [k for k in self._into if k.startswith(prefix)]:
             del self._into[key]
 
     def __len__(self) -> int:
-        return len(self._slots)
+        with self._lock:
+            return len(self._arrived) + len(self._waiting)
 
 
 def chunk_bounds(n: int, size: int) -> list[tuple[int, int]]:
@@ -174,6 +227,7 @@ def tree_sum(parts: list, out=None):
 
 
 Send = Callable[[int, str, Any], Awaitable[None]]
+SendNow = Callable[[int, str, Any], bool]
 
 
 class Handle:
@@ -226,6 +280,90 @@ class Handle:
             future.result()  # raises the reduction's error
 
 
+class InlineHandle(Handle):
+    """A small all-reduce that the calling thread does itself: no hop through the event loop.
+
+    The array went out to every peer in :meth:`Communicator.start` (written to the socket by this
+    thread: the array is free again once it returns); :meth:`wait` takes the peers' arrays as the
+    event loop's reader hands them over (the one thread wake-up left) and sums them with this
+    rank's in rank order, into the array, as the event loop's gather does: the same bits.
+    """
+
+    def __init__(self, communicator, bucket, flat, scale, peers, arrivals, sending, error):
+        super().__init__(communicator, bucket, flat, None)
+        self._scale, self._peers, self._arrivals, self._sending = scale, peers, arrivals, sending
+        self._error: CollectiveError | None = error
+        self._started, self._finished = time.monotonic(), False
+
+    def done(self) -> bool:
+        if self._finished or self._error is not None:
+            return True
+        return all(f.done() for f in self._arrivals) and (self._sending is None or self._sending.done())
+
+    def wait(self, timeout: float | None = None):
+        """Block until the peers' arrays are here (at most ``timeout`` seconds, default the group's,
+        and at most the group's timeout after :meth:`~Communicator.start` for any one peer); sum them
+        into the array."""
+        if not self._finished and self._error is None:
+            try:
+                self._finish(self.communicator.timeout if timeout is None else timeout)
+            except CollectiveError as e:
+                self._error = e
+        if self._error is not None:
+            raise self._error
+        return self.flat
+
+    summed = wait  # nothing of the array is left to send once the sum is in
+
+    def _finish(self, timeout: float) -> None:
+        comm, bucket = self.communicator, self.bucket
+        deadline = time.monotonic() + timeout
+        per_peer = self._started + comm.timeout
+        values = []
+        try:
+            for peer, arrival in zip(self._peers, self._arrivals):
+                try:
+                    value = arrival.result(max(0.0, min(deadline, per_peer) - time.monotonic()))
+                except TimeoutError:
+                    raise self._timed_out(peer, timeout, per_peer < deadline) from None
+                except concurrent.futures.CancelledError:
+                    raise CollectiveError(
+                        f"all-reduce of bucket {bucket!r} on {comm.describe(comm.rank)}: "
+                        f"collective {comm.group!r} was released while it waited for {comm.describe(peer)}"
+                    ) from None
+                values.append(comm.checked(bucket, peer, f"{bucket}|all|{peer}", value, self.flat))
+            if self._sending is not None:
+                try:
+                    self._sending.result(max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    raise self._timed_out(None, timeout, False) from None
+        finally:
+            for peer, arrival in zip(self._peers, self._arrivals):
+                if not arrival.done():
+                    comm.mailbox.forget(comm.group, f"{bucket}|all|{peer}", arrival)
+            if self._sending is not None and not self._sending.done():
+                self._sending.cancel()
+        comm.count(received=sum(v.nbytes for v in values))
+        r = comm.rank
+        tree_sum(values[:r] + [self.flat] + values[r:], self.flat)
+        if self._scale is not None:
+            np.multiply(self.flat, self._scale, out=self.flat, casting="unsafe")
+        self._finished = True
+
+    def _timed_out(self, peer, timeout: float, silent_peer: bool) -> CollectiveError:
+        comm = self.communicator
+        if silent_peer:  # the group's timeout, counted from start(), ran out for this peer
+            return CollectiveError(
+                f"all-reduce of bucket {self.bucket!r} on {comm.describe(comm.rank)}: nothing from "
+                f"{comm.describe(peer)} for {comm.timeout:g} s (did it die or hang?)"
+            )
+        waiting = [p for p, f in zip(self._peers, self._arrivals) if not f.done()]
+        who = ", ".join(map(comm.describe, waiting)) or "its peers"
+        return CollectiveError(
+            f"all-reduce of bucket {self.bucket!r} on rank {comm.rank} timed out after {timeout:g} s waiting for {who}"
+        )
+
+
 class Communicator:
     """Rank ``rank`` of ``len(addresses)`` in group ``group``.
 
@@ -238,6 +376,9 @@ class Communicator:
         Every rank's address, in rank order (only used in messages and errors).
     send : coroutine function ``send(rank, key, array)``
         Delivers ``array`` to ``mailbox.put(group, key, array)`` on rank ``rank``.
+    send_now : ``send_now(rank, key, array) -> bool``, optional
+        The same from the calling thread, at once: False where it cannot (no direct way to that
+        peer yet). Small gathers then run in the calling thread (:class:`InlineHandle`).
     mailbox : Mailbox
         Where this rank's messages arrive.
     loop : asyncio event loop
@@ -262,6 +403,7 @@ class Communicator:
         loop,
         timeout: float = 60.0,
         algorithm: str = "auto",
+        send_now: SendNow | None = None,
     ):
         if algorithm not in ALGORITHMS:
             raise ClusterError(
@@ -270,8 +412,9 @@ class Communicator:
         self.group, self.rank, self.addresses = group, rank, tuple(addresses)
         self.size = len(self.addresses)
         self._send, self.mailbox, self.loop, self.timeout = send, mailbox, loop, float(timeout)
-        self.algorithm = algorithm
+        self.algorithm, self._send_now = algorithm, send_now
         self.bytes_sent = self.bytes_received = 0
+        self._counting = threading.Lock()  # the calling thread and the event loop both count
         self.waiting_on: dict[str, set] = {}  # bucket -> the peers it waits for now
         self.closed = False
         if loop is not None:
@@ -297,6 +440,10 @@ class Communicator:
             if scale is not None:
                 np.multiply(flat, scale, out=flat, casting="unsafe")
             return Handle(self, bucket, flat, None)
+        if self._send_now is not None and flat.nbytes <= GATHER_BELOW and self._algorithm_for(flat) == "gather":
+            handle = self._start_inline(bucket, flat, scale)
+            if handle is not None:
+                return handle
         summed: concurrent.futures.Future = concurrent.futures.Future()
         future = asyncio.run_coroutine_threadsafe(self._reduce(bucket, flat, scale, summed), self.loop)
         return Handle(self, bucket, flat, future, summed)
@@ -304,6 +451,35 @@ class Communicator:
     def allreduce(self, flat, bucket: str = "all", scale: float | None = None, timeout: float | None = None):
         """``start(bucket, flat, scale).wait(timeout)``."""
         return self.start(bucket, flat, scale).wait(timeout)
+
+    def count(self, sent: int = 0, received: int = 0) -> None:
+        """Add to :attr:`bytes_sent` and :attr:`bytes_received` (from any thread)."""
+        with self._counting:
+            self.bytes_sent += sent
+            self.bytes_received += received
+
+    def _start_inline(self, bucket: str, flat, scale) -> InlineHandle | None:
+        """The gather of a small array from the calling thread: sent to every peer now, summed in
+        :meth:`InlineHandle.wait`. None where the first peer cannot be sent to directly yet (the event
+        loop does it all then); a later peer that cannot gets the array through the event loop."""
+        r = self.rank
+        peers = [p for p in range(self.size) if p != r]
+        key, direct, error = f"{bucket}|all|{r}", 0, None
+        for peer in peers:
+            try:
+                if not self._send_now(peer, key, flat):
+                    break
+            except OSError as e:  # TimeoutError included
+                error = self._send_failed(peer, key, e)
+                break
+            direct += 1
+        if direct == 0 and error is None:
+            return None
+        self.count(sent=direct * flat.nbytes)
+        rest = [] if error is not None else peers[direct:]
+        sending = asyncio.run_coroutine_threadsafe(self._put_each(rest, key, flat), self.loop) if rest else None
+        arrivals = [] if error is not None else [self.mailbox.receive(self.group, f"{bucket}|all|{p}") for p in peers]
+        return InlineHandle(self, bucket, flat, scale, peers, arrivals, sending, error)
 
     def close(self) -> None:
         """Stop taking part: messages for this group are dropped, waits in progress end (from any thread)."""
@@ -331,13 +507,20 @@ class Communicator:
         try:
             async with asyncio.timeout(self.timeout):
                 await self._send(peer, key, value)
-        except TimeoutError:
-            raise CollectiveError(
-                f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s"
-            ) from None
-        except (OSError, ConnectionError) as e:
-            raise CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}") from e
-        self.bytes_sent += value.nbytes
+        except TimeoutError as e:
+            raise self._send_failed(peer, key, e) from None
+        except OSError as e:  # ConnectionError included
+            raise self._send_failed(peer, key, e) from e
+        self.count(sent=value.nbytes)
+
+    async def _put_each(self, peers: list, key: str, value) -> None:
+        for peer in peers:
+            await self._put(peer, key, value)
+
+    def _send_failed(self, peer: int, key: str, e: OSError) -> CollectiveError:
+        if isinstance(e, TimeoutError):
+            return CollectiveError(f"sending {key!r} to {self.describe(peer)} timed out after {self.timeout:g} s")
+        return CollectiveError(f"sending {key!r} to {self.describe(peer)} failed: {type(e).__name__}: {e}")
 
     async def _get(self, bucket: str, peer: int, key: str, like, into: bool = False):
         waiting = self.waiting_on.setdefault(bucket, set())
@@ -352,6 +535,11 @@ class Communicator:
                 f"all-reduce of bucket {bucket!r} on {self.describe(self.rank)}: nothing from {self.describe(peer)} "
                 f"for {self.timeout:g} s (did it die or hang?)"
             ) from None
+        self.count(received=self.checked(bucket, peer, key, value, like).nbytes)
+        return value
+
+    def checked(self, bucket: str, peer: int, key: str, value, like):
+        """``value``, the array ``peer`` sent for ``key``, if it has ``like``'s shape and dtype."""
         if not isinstance(value, np.ndarray) or value.shape != like.shape or value.dtype != like.dtype:
             got = f"{value.dtype} {value.shape}" if isinstance(value, np.ndarray) else type(value).__name__
             raise CollectiveError(
@@ -359,7 +547,6 @@ class Communicator:
                 f"{got} for {key!r}, where {like.dtype} {like.shape} belongs (a message of another run, or a "
                 "peer with another model?); the step is refused rather than summed"
             )
-        self.bytes_received += value.nbytes
         return value
 
     async def _exchange(self, bucket: str, sends: list, receives: list, sent: list, into: bool = False) -> list:

@@ -5,7 +5,8 @@ worker, and ranks send each other arrays over Dask's own comms (so TLS comes for
 free): one long-lived comm per peer, on which arrays travel as raw frames read
 straight into where they are used (:mod:`workbench.cluster.collective.array_stream`); over a
 comm without a byte stream (UCX, in-process) as messages to ``workbench_collective``
-with the worker's pooled ``rpc``. NumPy arrays are never pickled.
+with the worker's pooled ``rpc``. NumPy arrays are never pickled. Small arrays go out from the
+task's own thread, on a second comm per peer whose socket the sending threads own (plain TCP only).
 
 On the client, :meth:`CollectiveGroup.create` fixes the ranks (the workers of a
 run, in order) and a token unique to the run and its generation: two runs on one
@@ -151,7 +152,7 @@ class WorkerCollectives:
         self.worker = worker
         self.mailbox = Mailbox()
         self.communicators: dict[str, object] = {}
-        self.streams = ArrayStreams(self._connect, self.mailbox.put, self.mailbox.destination)
+        self.streams = ArrayStreams(self._connect, self.mailbox.put, self.mailbox.destination, worker.loop.asyncio_loop)
 
     async def _connect(self, address: str):
         return await connect(address, **self.worker.connection_args)
@@ -160,9 +161,10 @@ class WorkerCollectives:
         """The message handler: an array from a peer (runs on the worker's event loop)."""
         self.mailbox.put(group, key, data)
 
-    async def receive_stream(self, comm) -> None:
-        """The stream handler: the arrays a peer sends on a comm of its own, until it closes."""
-        await self.streams.read(comm)
+    async def receive_stream(self, comm, direct: bool = False) -> None:
+        """The stream handler: the arrays a peer sends on a comm of its own, until it closes
+        (``direct``: one its sending threads write to, read by the loop without a coroutine)."""
+        await self.streams.read(comm, direct)
 
     async def send(self, group: CollectiveGroup, peer: int, key: str, value) -> None:
         address = group.addresses[peer]
@@ -171,6 +173,10 @@ class WorkerCollectives:
         # as a message, with a reply: the comm hands our buffer to the socket without copying it, and
         # only the reply says the peer has it all, so the array is free to change after this returns
         await self.worker.rpc(address).workbench_collective(group=group.token, key=key, data=to_serialize(value))
+
+    def send_now(self, group: CollectiveGroup, peer: int, key: str, value) -> bool:
+        """A small array to ``peer`` from the calling thread (see :meth:`ArrayStreams.send_now`)."""
+        return self.streams.send_now(group.addresses[peer], group.token, key, value, group.timeout)
 
     def communicator(self, group: CollectiveGroup):
         found = self.communicators.get(group.token)
@@ -194,6 +200,7 @@ class WorkerCollectives:
                 self.worker.loop.asyncio_loop,
                 timeout=group.timeout,
                 algorithm=group.algorithm,
+                send_now=functools.partial(self.send_now, group),
             )
         self.communicators[group.token] = found
         return found
