@@ -162,6 +162,7 @@ class Segments:
             self.tasks.append((last, future))
             for k, (_, _, slots) in enumerate(pending):
                 slots[rank].submitted(future, final=k == len(pending) - 1)
+            self.slots.pop((last, rank), None)  # its result is the task's, no event comes for it
 
     def _heard(self, event) -> None:
         """A step's result published by its member (the client's event loop: kept as it came)."""
