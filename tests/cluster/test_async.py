@@ -1,10 +1,13 @@
-"""Asynchronous SGD on a real cluster: strategy="async" (3 worker processes)."""
+"""Asynchronous SGD on a real cluster: strategy="async" (3 worker processes), and a killed worker."""
+
+import os
+import signal
 
 import numpy as np
 import pytest
 
 import workbench as wb
-from workbench.events import FitStarted
+from workbench.events import FitStarted, Restarted, Synced
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -41,3 +44,57 @@ def test_async_draws_its_stragglers_per_gradient_and_refuses_backups(client3, ki
     assert all(r["delay"] == (1.0 if r["replica"] == 0 else 0.0) for r in history.records)
     with pytest.raises(wb.ClusterError, match="asynchronous SGD applies every gradient"):
         sess.fit(model["train"], data, batch_size=24, steps=2, replicas=2, backup_replicas=1, strategy="async")
+
+
+@pytest.fixture
+def fresh3():
+    """Three worker processes of its own: the test kills one of them (its nanny starts another)."""
+    client = wb.cluster.connect("local", n_workers=3)
+    try:
+        client.wait_for_workers(3, timeout=60)
+        yield client
+    finally:
+        wb.cluster.close(client)
+
+
+def kill_at_first_sync(sess, client, pick):
+    """At the fit's first host sync, SIGKILL the worker ``pick(sorted workers)``; the events it saw."""
+    pids, seen = client.run(os.getpid), []
+
+    def listener(event):
+        seen.append(event)
+        if isinstance(event, Synced) and sum(isinstance(e, Synced) for e in seen) == 1:
+            os.kill(pids[pick(sorted(pids))], signal.SIGKILL)
+
+    sess.events.subscribe(listener)
+    return seen
+
+
+def test_a_killed_replica_restarts_async_from_the_last_host_copy_reporting_each_gradient_once(fresh3, kit):
+    model, data = kit.mlp(), kit.blobs(n=240)
+    sess = wb.Session(model["graph"], seed=0, cluster=fresh3)
+    seen = kill_at_first_sync(sess, fresh3, lambda workers: workers[1])  # replica 1, not the server
+    steps = 30
+    history = sess.fit(
+        model["train"], data, batch_size=24, steps=steps, replicas=2, strategy="async", fetches=[model["loss"]],
+        sync_every=10,
+    )  # fmt: skip
+    assert [r["step"] for r in history.records] == list(range(1, steps + 1))  # each applied gradient once
+    restarts = [e for e in seen if isinstance(e, Restarted)]
+    assert restarts and restarts[0].step == 10  # from the host copy of the first sync
+    assert history.records[-1]["restarts"] == len(restarts)
+    assert {r["replica"] for r in history.records[10:]} == {0, 1}  # two replicas again after the restart
+    assert np.isfinite(history[model["loss"].name]).all()
+
+
+def test_one_async_replica_is_plain_sgd_even_when_its_worker_is_killed(fresh3, kit):
+    model, data = kit.mlp(), kit.blobs(n=240)
+    local = wb.Session(model["graph"], seed=0)
+    local.fit(model["train"], data, batch_size=24, steps=25)
+    sess = wb.Session(model["graph"], seed=0, cluster=fresh3)
+    seen = kill_at_first_sync(sess, fresh3, lambda workers: workers[0])  # the one replica, and the server
+    history = sess.fit(model["train"], data, batch_size=24, steps=25, replicas=1, strategy="async", sync_every=10)
+    assert [e.step for e in seen if isinstance(e, Restarted)] == [10]
+    assert [r["step"] for r in history.records] == list(range(1, 26))
+    assert all(r["staleness"] == 0 for r in history.records)
+    kit.assert_same_variables(local.variables, sess.variables, rtol=1e-9)  # the redone steps too
