@@ -57,14 +57,14 @@ def fresh3():
         wb.cluster.close(client)
 
 
-def kill_at_first_sync(sess, client, pick):
-    """At the fit's first host sync, SIGKILL the worker ``pick(sorted workers)``; the events it saw."""
+def kill_at_first_sync(sess, client, pick, sig=signal.SIGKILL):
+    """At the fit's first host sync, send ``sig`` to the worker ``pick(sorted workers)``; the events it saw."""
     pids, seen = client.run(os.getpid), []
 
     def listener(event):
         seen.append(event)
         if isinstance(event, Synced) and sum(isinstance(e, Synced) for e in seen) == 1:
-            os.kill(pids[pick(sorted(pids))], signal.SIGKILL)
+            os.kill(pids[pick(sorted(pids))], sig)
 
     sess.events.subscribe(listener)
     return seen
@@ -98,3 +98,23 @@ def test_one_async_replica_is_plain_sgd_even_when_its_worker_is_killed(fresh3, k
     assert [r["step"] for r in history.records] == list(range(1, 26))
     assert all(r["staleness"] == 0 for r in history.records)
     kit.assert_same_variables(local.variables, sess.variables, rtol=1e-9)  # the redone steps too
+
+
+def test_a_stopped_replica_is_left_out_and_async_finishes_on_the_workers_left(fresh3, kit):
+    model, data = kit.mlp(), kit.blobs(n=240)
+    sess = wb.Session(model["graph"], seed=0, cluster=fresh3)
+    pids, victim = fresh3.run(os.getpid), sorted(fresh3.run(os.getpid))[1]
+    seen = kill_at_first_sync(sess, fresh3, lambda workers: workers[1], sig=signal.SIGSTOP)  # replica 1 hangs
+    try:
+        history = sess.fit(
+            model["train"], data, batch_size=24, steps=30, replicas=2, strategy="async", sync_every=10,
+            step_timeout=3, fetches=[model["loss"]],
+        )  # fmt: skip
+    finally:
+        os.kill(pids[victim], signal.SIGCONT)
+    assert [r["step"] for r in history.records] == list(range(1, 31))
+    restarts = [e for e in seen if isinstance(e, Restarted)]
+    assert restarts and restarts[-1].step % 10 == 0  # from a host copy
+    redone = [r for r in history.records if r["step"] > restarts[-1].step]
+    assert redone and all(victim not in r["workers"] for r in redone)  # left out: the other two train
+    assert {r["replica"] for r in redone} == {0, 1}
