@@ -299,15 +299,15 @@ class _Client:
         return _Future(("scattered", len(self.launches)), value)
 
     def submit(self, fn, *args, key, replica=None, **_):
-        program, state, *rest = [a.value if isinstance(a, _Future) else a for a in args]
-        if fn is replica_gradients:
+        first, state, *rest = [a.value if isinstance(a, _Future) else a for a in args]
+        if fn is replica_gradients:  # (program, state, rows, ...)
             self.reads += 1
             if self.reads in self.lose:
                 return _Future(key, error=OSError(f"gradient {self.reads} lost with its worker"))
             return _Future(key, {"g": 1.0, "read": state["step"], "replica": replica})
-        if fn is apply_update:
+        if fn is apply_update:  # (program, state, gradient)
             return _Future(key, {"variables": {"v": state["variables"]["v"] + rest[0]["g"]}, "step": state["step"] + 1})
-        gradient, state = program, state  # step_metrics(gradient, state)
+        gradient = first  # step_metrics(gradient, state)
         if (len(self.launches), state["step"]) in self.hold:
             return _Future(key, status="pending")
         return _Future(key, {"compute": {"w": 0.0}, "update_seconds": 0.0, "fetches": [gradient["read"]]})
@@ -329,10 +329,8 @@ class _Async(AsyncEngine):
     replicas take turns (staleness R - 1 once they all run)."""
 
     def __init__(self, replicas=2, lose=(), hold=(), hang=False):
-        self.client, self.request = (
-            _Client(lose, hold),
-            SimpleNamespace(batch_seed=0, device=SimpleNamespace(host_arrays=True)),
-        )
+        self.client = _Client(lose, hold)
+        self.request = SimpleNamespace(batch_seed=0, device=SimpleNamespace(host_arrays=True))
         self.events, self.name, self.batch_size, self.replicas, self.window = None, "m", 4, replicas, replicas
         self.sync_every, self.deadline, self.timeout = 4, StepDeadline(5.0), 5.0
         self.membership = _AsyncMembership()
@@ -368,6 +366,7 @@ def test_a_lost_gradient_restarts_async_from_the_host_copy_reporting_each_step_o
     records = _async_run(engine)
     assert [r[0] for r in records] == list(range(1, 10))
     assert engine.client.launches == [(("w0", "w1"), 0), (("w0", "w1"), 4)]
+    assert {key[:2] for key in engine.client.cancelled} == {("m-grad", "3-r1"), ("m-grad", "4-r0")}  # in flight
     assert [r[4] for r in records] == [0] * 5 + [1] * 4  # step 5 was reported before the failure
     assert (float(engine.host[0]["v"]), engine.host[1]) == (9.0, 9) and engine.restarts == 1
 
