@@ -47,14 +47,11 @@ def test_async_draws_its_stragglers_per_gradient_and_refuses_backups(client3, ki
 
 
 @pytest.fixture
-def fresh3():
-    """Three worker processes of its own: the test kills one of them (its nanny starts another)."""
-    client = wb.cluster.connect("local", n_workers=3)
-    try:
-        client.wait_for_workers(3, timeout=60)
-        yield client
-    finally:
-        wb.cluster.close(client)
+def fresh3(client3):
+    """The module's three workers, all there again: the tests below kill or stop one of them (a killed
+    worker's nanny starts another; a stopped one is continued), after the tests above."""
+    client3.wait_for_workers(3, timeout=60)
+    return client3
 
 
 def kill_at_first_sync(sess, client, pick, sig=signal.SIGKILL):
