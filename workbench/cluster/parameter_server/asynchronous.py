@@ -138,7 +138,7 @@ class AsyncEngine(Coordinated):
         self.group: Replicas | None = None
         self.state = self.program_ref = None
         self.sources: list = []
-        self.in_flight: dict = {}  # key -> (gradient future, replica, applies it read, delay)
+        self.in_flight: dict = {}  # key -> (gradient future, replica, applies it read, delay, when read)
         self.free: deque = deque()  # replicas with no gradient in flight
         self.unassigned = 0  # gradients submitted while no replica was free (fewer members than R)
 
@@ -207,7 +207,7 @@ class AsyncEngine(Coordinated):
             allow_other_workers=False,
             pure=False,
         )
-        self.in_flight[future.key] = (future, replica, self.applied, delay)
+        self.in_flight[future.key] = (future, replica, self.applied, delay, time.monotonic())
         future.add_done_callback(self.arrivals.put)
 
     def _next(self, coordinator: Coordinator) -> list:
@@ -218,7 +218,10 @@ class AsyncEngine(Coordinated):
             gradient = self._arrival(step)
         except self._transient as e:
             return self._lost(coordinator, step, e)
-        _, replica, version, delay = self.in_flight.pop(gradient.key)
+        _, replica, version, delay, read = self.in_flight.pop(gradient.key)
+        # the deadline scales with a gradient's time, not the time between arrivals: the last ones wait
+        # for the slowest replica alone
+        self.deadline.progressed(time.monotonic() - read)
         self._results = (step, self._apply(step, gradient, replica, version, delay))
         if self.unassigned:  # a gradient waited for a free replica
             self.unassigned -= 1
@@ -231,8 +234,7 @@ class AsyncEngine(Coordinated):
         """The next gradient of this attempt to arrive; a failure once one failed, a member left the
         cluster (checked every second, also while the others' gradients come) or none came within the
         step deadline."""
-        waited = time.monotonic()
-        deadline = waited + self.deadline.seconds
+        deadline = time.monotonic() + self.deadline.seconds
         future = None
         while future is None:
             try:
@@ -250,7 +252,6 @@ class AsyncEngine(Coordinated):
             if isinstance(error, (*self._transient, WorkbenchError)):
                 raise error
             raise ClusterError(f"gradient {step} failed on the cluster: {type(error).__name__}: {error}") from error
-        self.deadline.progressed(time.monotonic() - waited)
         return future
 
     def _check_members(self, step: int) -> None:
