@@ -78,9 +78,11 @@ def test_a_killed_replica_restarts_async_from_the_last_host_copy_reporting_each_
     )  # fmt: skip
     assert [r["step"] for r in history.records] == list(range(1, steps + 1))  # each applied gradient once
     restarts = [e for e in seen if isinstance(e, Restarted)]
-    assert restarts and restarts[0].step == 10  # from the host copy of the first sync
+    # from a host copy: the first sync's, or the next one's where replica 0 reached it before the loss was seen
+    assert restarts and restarts[0].step in (10, 20)
     assert history.records[-1]["restarts"] == len(restarts)
-    assert {r["replica"] for r in history.records[10:]} == {0, 1}  # two replicas again after the restart
+    after = history.records[restarts[-1].step :]
+    assert {r["replica"] for r in after} == {0, 1}  # two replicas again after the restart
     assert np.isfinite(history[model["loss"].name]).all()
 
 

@@ -99,6 +99,16 @@ class _Engine(Coordinated):
         self.flight, self.lose, self.submitted, self.launched = deque(), list(lose), [], []
         self.fail_launches = 0  # relaunches that fail (a second member gone meanwhile)
         self.client = SimpleNamespace(status="running")
+        self.segments = None  # a task per member and step
+
+    def in_flight(self):
+        return self.window
+
+    def _before_waiting_for(self, step):
+        pass
+
+    def _gathered(self, step):
+        pass
 
     def _submit(self, step, sync):
         self.submitted.append(step)
@@ -339,7 +349,7 @@ class _Async(AsyncEngine):
         self.data, self.num_examples, self.labels, self.stragglers = {"x": np.zeros(8)}, 8, ["read"], None
         self.restarts, self.max_restarts, self._transient = 0, 5, (OSError, TimeoutError, CollectiveError)
         self.host = self.group = self.state = self.program_ref = None
-        self.sources, self.in_flight, self.free, self.unassigned = [], {}, deque(), 0
+        self.sources, self.reading, self.free, self.unassigned = [], {}, deque(), 0
 
 
 def _async_run(engine, last=9):

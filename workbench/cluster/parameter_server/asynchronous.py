@@ -138,7 +138,7 @@ class AsyncEngine(Coordinated):
         self.group: Replicas | None = None
         self.state = self.program_ref = None
         self.sources: list = []
-        self.in_flight: dict = {}  # key -> (gradient future, replica, applies it read, delay, when read)
+        self.reading: dict = {}  # key -> (gradient future, replica, applies it read, delay, when read)
         self.free: deque = deque()  # replicas with no gradient in flight
         self.unassigned = 0  # gradients submitted while no replica was free (fewer members than R)
 
@@ -155,6 +155,10 @@ class AsyncEngine(Coordinated):
         self._drop()
 
     # -- placing an attempt -----------------------------------------------------------------------
+    def in_flight(self) -> int:
+        """Gradients the coordinator keeps in flight: one per replica."""
+        return self.window
+
     def _choose_members(self) -> list[str]:
         return self.membership.choose(self.replicas)
 
@@ -174,7 +178,7 @@ class AsyncEngine(Coordinated):
         self.applied = step  # gradients applied so far
         self.arrivals: queue.Queue = queue.Queue()  # this attempt's gradients, as they arrive
         self.checked = time.monotonic()  # when the members were last seen in the scheduler's list
-        self.free, self.unassigned, self.in_flight = deque(range(len(members))), 0, {}
+        self.free, self.unassigned, self.reading = deque(range(len(members))), 0, {}
         self.next_batch = [step // len(members) + 1] * len(members)  # a resumed run reads the batches after
 
     # -- gradients: read, arrive, applied ---------------------------------------------------------
@@ -207,7 +211,7 @@ class AsyncEngine(Coordinated):
             allow_other_workers=False,
             pure=False,
         )
-        self.in_flight[future.key] = (future, replica, self.applied, delay, time.monotonic())
+        self.reading[future.key] = (future, replica, self.applied, delay, time.monotonic())
         future.add_done_callback(self.arrivals.put)
 
     def _next(self, coordinator: Coordinator) -> list:
@@ -218,7 +222,7 @@ class AsyncEngine(Coordinated):
             gradient = self._arrival(step)
         except self._transient as e:
             return self._lost(coordinator, step, e)
-        _, replica, version, delay, read = self.in_flight.pop(gradient.key)
+        _, replica, version, delay, read = self.reading.pop(gradient.key)
         # the deadline scales with a gradient's time, not the time between arrivals: the last ones wait
         # for the slowest replica alone
         self.deadline.progressed(time.monotonic() - read)
@@ -333,8 +337,8 @@ class AsyncEngine(Coordinated):
         return super()._lost(coordinator, step, error)
 
     def _cancel(self) -> None:
-        drop(self.client, [future for future, *_ in self.in_flight.values()])
-        self.in_flight, self.free, self.unassigned = {}, deque(), 0
+        drop(self.client, [future for future, *_ in self.reading.values()])
+        self.reading, self.free, self.unassigned = {}, deque(), 0
 
     def _drop(self) -> None:
         self._cancel()
