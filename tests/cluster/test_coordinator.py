@@ -99,16 +99,6 @@ class _Engine(Coordinated):
         self.flight, self.lose, self.submitted, self.launched = deque(), list(lose), [], []
         self.fail_launches = 0  # relaunches that fail (a second member gone meanwhile)
         self.client = SimpleNamespace(status="running")
-        self.segments = None  # a task per member and step
-
-    def in_flight(self):
-        return self.window
-
-    def _before_waiting_for(self, step):
-        pass
-
-    def _gathered(self, step):
-        pass
 
     def _submit(self, step, sync):
         self.submitted.append(step)

@@ -155,10 +155,6 @@ class AsyncEngine(Coordinated):
         self._drop()
 
     # -- placing an attempt -----------------------------------------------------------------------
-    def in_flight(self) -> int:
-        """Gradients the coordinator keeps in flight: one per replica."""
-        return self.window
-
     def _choose_members(self) -> list[str]:
         return self.membership.choose(self.replicas)
 
