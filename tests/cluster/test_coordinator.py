@@ -1,7 +1,8 @@
 """The coordinator as the all-reduce family runs it (no lineage to cut: the window stays full across
 syncs), its leave-out instruction, and the shell that carries its instructions out
-(:mod:`workbench.cluster.coordinated`, the run loop of the all-reduce and strategy engines), all
-without Dask."""
+(:mod:`workbench.cluster.coordinated`, the run loop of the all-reduce and strategy engines); steps in
+arrival order, and the asynchronous engine on that shell (:mod:`workbench.cluster.parameter_server.asynchronous`),
+all without Dask."""
 
 from collections import deque
 from types import SimpleNamespace
@@ -10,6 +11,9 @@ import numpy as np
 import pytest
 
 from workbench.cluster.coordinated import Coordinated
+from workbench.cluster.health import StepDeadline
+from workbench.cluster.parameter_server.asynchronous import AsyncEngine
+from workbench.cluster.program import apply_update, replica_gradients
 from workbench.cluster.sync import Coordinator, LeaveOut, Record, Restart, Submit, Sync
 from workbench.errors import ClusterError, CollectiveError
 from workbench.fitloop import StepOutcome
@@ -223,3 +227,161 @@ def test_a_client_that_stopped_running_ends_the_run_without_a_restart(status):
     with pytest.raises(CollectiveError, match="step 5 lost"):
         list(engine.run(1, 10, lambda s: False))
     assert engine.restarts == 0 and engine.launched == []
+
+
+# -- steps in arrival order (asynchronous SGD) ---------------------------------------------------
+
+
+def test_in_arrival_order_each_applied_step_submits_one_more_gradient_across_syncs():
+    c = Coordinator(0, 5, window=2, sync_every=2, hold_at_sync=False)  # window: one gradient per replica
+    assert c.start() == [Submit(1), Submit(2)]
+    assert c.step_done(c.in_flight[0], "first to arrive") == [Record(1, "first to arrive"), Submit(3)]
+    assert c.step_done(c.in_flight[0], None) == [Record(2, None), Sync(2)]
+    assert c.synced(2) == [Submit(4)]
+
+
+def test_forgotten_records_are_made_again_when_their_steps_are_redone_each_once():
+    c = Coordinator(0, 8, window=2, sync_every=4, hold_at_sync=False)
+    c.start()
+    for step in range(1, 5):
+        c.step_done(step, None)
+    c.synced(4)
+    c.step_done(5, "lost")
+    c.step_done(6, "lost")  # their records waited for more, and a failure took them
+    c.forget_records(5)
+    c.failed(7, OSError("worker lost"))
+    redone = [c.step_done(s, "again") for s in (5, 6, 7)]
+    assert [[i for i in out if isinstance(i, Record)] for out in redone] == [
+        [],
+        [Record(6, "again")],
+        [Record(7, "again")],
+    ]
+    with pytest.raises(ValueError, match=r"the records up to step 4 \(the host copy\) cannot be redone; got 3"):
+        c.forget_records(3)
+
+
+class _Future:
+    """A finished (or failed, or never finishing) task of the in-memory client."""
+
+    def __init__(self, key, value=None, error=None, status="finished"):
+        self.key, self.value, self.error = key, value, error
+        self.status = "error" if error is not None else status
+
+    def add_done_callback(self, callback):
+        if self.status != "pending":
+            callback(self)
+
+    def exception(self):
+        return self.error
+
+    def result(self, timeout=None):
+        if self.status != "finished":
+            raise TimeoutError(f"{self.key} did not finish")
+        return self.value
+
+
+class _Client:
+    """Runs the asynchronous engine's tasks at once, in memory: a gradient is 1 and says which step's
+    variables it read; ``lose``: the numbers of the gradients (counted over the whole run) that fail as a
+    dead worker's would; ``hold``: the (attempt, step) whose metrics never come."""
+
+    status = "running"
+
+    def __init__(self, lose=(), hold=()):
+        self.lose, self.hold, self.reads, self.launches, self.cancelled = set(lose), set(hold), 0, [], []
+
+    def scatter(self, value, workers=None, **_):
+        if isinstance(value, SimpleNamespace):  # the program, to every member
+            self.members = tuple(workers)
+        elif isinstance(value, list):  # the host copy's state, to the server
+            self.launches.append((self.members, value[0]["step"]))
+            return [_Future(("state", len(self.launches)), value[0])]
+        return _Future(("scattered", len(self.launches)), value)
+
+    def submit(self, fn, *args, key, replica=None, **_):
+        first, state, *rest = [a.value if isinstance(a, _Future) else a for a in args]
+        if fn is replica_gradients:  # (program, state, rows, ...)
+            self.reads += 1
+            if self.reads in self.lose:
+                return _Future(key, error=OSError(f"gradient {self.reads} lost with its worker"))
+            return _Future(key, {"g": 1.0, "read": state["step"], "replica": replica})
+        if fn is apply_update:  # (program, state, gradient)
+            return _Future(key, {"variables": {"v": state["variables"]["v"] + rest[0]["g"]}, "step": state["step"] + 1})
+        gradient = first  # step_metrics(gradient, state)
+        if (len(self.launches), state["step"]) in self.hold:
+            return _Future(key, status="pending")
+        return _Future(key, {"compute": {"w": 0.0}, "update_seconds": 0.0, "fetches": [gradient["read"]]})
+
+    def cancel(self, futures):
+        self.cancelled.extend(f.key for f in futures)
+
+
+class _AsyncMembership(_Membership):
+    def choose(self, count):
+        return super().choose(count)[:count]
+
+    def departed(self, addresses, seconds=None):
+        return set()
+
+
+class _Async(AsyncEngine):
+    """The asynchronous engine on the in-memory client: each gradient arrives as it is read, so the
+    replicas take turns (staleness R - 1 once they all run)."""
+
+    def __init__(self, replicas=2, lose=(), hold=(), hang=False):
+        self.client = _Client(lose, hold)
+        self.request = SimpleNamespace(batch_seed=0, device=SimpleNamespace(host_arrays=True))
+        self.events, self.name, self.batch_size, self.replicas, self.window = None, "m", 4, replicas, replicas
+        self.sync_every, self.deadline, self.timeout = 4, StepDeadline(5.0), 5.0
+        self.membership = _AsyncMembership()
+        self.membership.hang = hang
+        self.program = SimpleNamespace(state_variables=["v"], feeds=["x"])
+        self.data, self.num_examples, self.labels, self.stragglers = {"x": np.zeros(8)}, 8, ["read"], None
+        self.restarts, self.max_restarts, self._transient = 0, 5, (OSError, TimeoutError, CollectiveError)
+        self.host = self.group = self.state = self.program_ref = None
+        self.sources, self.reading, self.free, self.unassigned = [], {}, deque(), 0
+
+
+def _async_run(engine, last=9):
+    engine.start({"v": 0.0}, 0)
+    records = [(o.step, o.metrics["replica"], o.metrics["staleness"], o.fetches["read"], o.metrics["restarts"])
+               for o in engine.run(1, last, lambda s: False)]  # fmt: skip
+    for step, _, staleness, read, _ in records:
+        assert read == step - 1 - staleness  # the staleness is what the gradient read
+    return records
+
+
+def test_async_steps_are_the_applied_gradients_in_arrival_order_with_their_staleness():
+    engine = _Async(replicas=2)
+    records = _async_run(engine)
+    assert [r[0] for r in records] == list(range(1, 10))
+    assert [r[1] for r in records] == [0, 1] * 4 + [0]  # whichever replica's gradient came first
+    assert [r[2] for r in records] == [0] + [1] * 8  # R - 1 once both replicas run
+    assert (float(engine.host[0]["v"]), engine.host[1]) == (9.0, 9)  # nine gradients of 1 applied
+    assert engine.client.launches == [(("w0", "w1"), 0)]
+
+
+def test_a_lost_gradient_restarts_async_from_the_host_copy_reporting_each_step_once():
+    engine = _Async(replicas=2, lose={6})  # the gradient that would be step 6, read after the sync at 4
+    records = _async_run(engine)
+    assert [r[0] for r in records] == list(range(1, 10))
+    assert engine.client.launches == [(("w0", "w1"), 0), (("w0", "w1"), 4)]
+    assert {key[:2] for key in engine.client.cancelled} == {("m-grad", "3-r1"), ("m-grad", "4-r0")}  # in flight
+    assert [r[4] for r in records] == [0] * 5 + [1] * 4  # step 5 was reported before the failure
+    assert (float(engine.host[0]["v"]), engine.host[1]) == (9.0, 9) and engine.restarts == 1
+
+
+def test_records_still_waiting_for_their_metrics_at_a_failure_come_from_the_redone_steps():
+    engine = _Async(replicas=2, lose={6}, hold={(1, 5)})  # step 5's metrics never come in the first attempt
+    records = _async_run(engine)
+    assert [r[0] for r in records] == list(range(1, 10))
+    assert [r[4] for r in records] == [0] * 4 + [1] * 5  # step 5 reported once, from the redone attempt
+
+
+def test_a_silent_member_is_left_out_and_async_goes_on_with_the_replicas_left():
+    engine = _Async(replicas=2, lose={6}, hang=True)
+    records = _async_run(engine)
+    assert [r[0] for r in records] == list(range(1, 10))
+    assert engine.membership.left_out == {"w1": 30.0}
+    assert engine.client.launches[-1] == (("w0",), 4)
+    assert [(r[1], r[2]) for r in records[5:]] == [(0, 0)] * 4  # redone on one replica: no staleness

@@ -25,6 +25,12 @@ than ``sync_every`` steps of history, however long the run, and nothing past a
 sync point is submitted before the sync is done (``hold_at_sync``). Engines
 whose replicas live on the workers (the all-reduce family) keep submitting
 across a sync: the step's own results bring its variables home.
+
+Steps may also finish in arrival order: asynchronous SGD
+(:mod:`workbench.cluster.parameter_server.asynchronous`) submits one gradient per
+``Submit``, to whichever replica is free, and reports ``step_done`` for the next step
+whenever any gradient in flight has been applied (``window``: the replicas); its records
+wait for their metrics, and those a failure lost are redone (``forget_records``).
 """
 
 from __future__ import annotations
@@ -149,6 +155,15 @@ class Coordinator:
     def synced(self, step: int) -> list:
         self.host_step = max(self.host_step, step)
         return [Finish()] if step == self.steps else self._fill()
+
+    def forget_records(self, after: int) -> None:
+        """The records of the steps after ``after`` never reached the user: a shell whose records wait
+        for more than the step (the asynchronous engine's, for their metrics) lost them with a failure.
+        Those steps are recorded when they are redone (each still once). Only records past the host
+        copy can be forgotten: the steps up to it are never redone."""
+        if after < self.host_step:
+            raise ValueError(f"the records up to step {self.host_step} (the host copy) cannot be redone; got {after}")
+        self.recorded = min(self.recorded, after)
 
     def failed(self, step: int, error: BaseException, silent=()) -> list:
         """Step ``step`` (or what was in flight with it) was lost with ``error``; ``silent``: the
