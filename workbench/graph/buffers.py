@@ -8,6 +8,8 @@ back as a copy.
 
 from __future__ import annotations
 
+import sys
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from workbench.graph.core import Operation
@@ -77,7 +79,7 @@ def _holds_result(a, args) -> bool:
         if b is a:
             continue
         bs = getattr(b, "shape", ())
-        if bs == shape:
+        if bs == shape or bs == shape[ndim - len(bs) :]:  # the same shape, or its trailing axes (a bias)
             continue
         if len(bs) > ndim or any(x != y and x != 1 for x, y in zip(bs[::-1], shape[::-1])):
             return False
@@ -115,6 +117,33 @@ def _disjoint(values) -> bool:
 def _shared(a, slots: list, guard: tuple[int, ...]) -> bool:
     """Some guarded slot holds ``a`` (an array that owns its memory) or a view of it."""
     return _viewed(a, map(slots.__getitem__, guard))
+
+
+def _donor_references(slots, *args) -> int:
+    """``sys.getrefcount`` of ``args[0]``, taken as a donating step takes its donor's (a local name)."""
+    a = args[0]
+    return sys.getrefcount(a)
+
+
+def _sole_donor_count() -> int:
+    """What ``sys.getrefcount`` of a donor says when nothing but the run holds it: its slot, the
+    step's argument tuples and the step's own name for it, measured once with a step called the
+    way :meth:`Plan.run <workbench.graph.plan.Plan.run>` calls its steps (``fn(*get(slots))``)."""
+    slots = [bytearray(1)]
+    get = _with_slots(itemgetter(slice(0, 1)))
+    return _donor_references(*get(slots))
+
+
+def _with_slots(get):
+    """A getter that passes the slot list first (donating and in-place steps check it)."""
+    return lambda slots: (slots, *get(slots))
+
+
+#: ``sys.getrefcount`` of a donor that only the run holds (its slot and the step call's own
+#: references). A view of it holds it through ``base`` and another slot holding it is one more
+#: reference, so at this count the donor is shared with nothing, and a donating step skips the
+#: scan of the guarded slots (:func:`_shared`), which it still makes at any other count.
+SOLE_DONOR = _sole_donor_count()
 
 
 def _viewed(a, values, but=None) -> bool:

@@ -15,6 +15,7 @@ values that share memory with one come back as copies.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 import zlib
 from dataclasses import dataclass
@@ -24,7 +25,18 @@ from collections.abc import Callable, Sequence
 
 from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
-from workbench.graph.buffers import _copy, _disjoint, _holds_result, _Lifetimes, _owned, _same_memory, _shared, _viewed
+from workbench.graph.buffers import (
+    SOLE_DONOR,
+    _copy,
+    _disjoint,
+    _holds_result,
+    _Lifetimes,
+    _owned,
+    _same_memory,
+    _shared,
+    _viewed,
+    _with_slots,
+)
 from workbench.graph.rng import generator
 from workbench.graph.schedule import HandleSlot, schedule_collectives, start_bucket, wait
 from workbench.graph.profile import run_profiled
@@ -202,7 +214,12 @@ class Plan:
             def donating_step(slots, *args):
                 for k in donors:
                     a = args[k]
-                    if _owned(a) and _holds_result(a, args) and not _shared(a, slots, guard):
+                    # at SOLE_DONOR references nothing else holds ``a`` or a view of it: no scan needed
+                    if (
+                        _owned(a)
+                        and _holds_result(a, args)
+                        and (sys.getrefcount(a) == SOLE_DONOR or not _shared(a, slots, guard))
+                    ):
                         return inplace(a, *args)
                 return kernel(*args)
 
@@ -429,11 +446,11 @@ class Plan:
             i = -1
             try:
                 for i, (fn, get, out, dead) in enumerate(self.steps):  # noqa: B007 - the handler names step i
-                    result = fn(*get(slots))
+                    # no name for the result: the next step's donor is then held by its slot alone
                     if out.__class__ is int:
-                        slots[out] = result
+                        slots[out] = fn(*get(slots))
                     else:
-                        for o, r in zip(out, result):
+                        for o, r in zip(out, fn(*get(slots))):
                             slots[o] = r
                     for d in dead:
                         slots[d] = None
@@ -518,11 +535,6 @@ def _is_gradient(op: Operation) -> bool:
 
 def _nothing(slots) -> tuple:
     return ()
-
-
-def _with_slots(get: Callable) -> Callable:
-    """A getter that passes the slot list first (donating and in-place steps check it)."""
-    return lambda slots: (slots, *get(slots))
 
 
 class _Unweighted:

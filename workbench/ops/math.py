@@ -439,7 +439,17 @@ def _matmul_spec(a: TensorSpec, b: TensorSpec, *, transpose_a: bool, transpose_b
 
 
 def _matmul_kernel(xp, a, b, *, transpose_a, transpose_b):
-    return xp.matmul(xp.matrix_transpose(a) if transpose_a else a, xp.matrix_transpose(b) if transpose_b else b)
+    if transpose_a:
+        a = _transposed(xp, a)
+    if transpose_b:
+        b = _transposed(xp, b)
+    return xp.matmul(a, b)
+
+
+def _transposed(xp, x):
+    """``x`` with its last two axes swapped: ``.T`` for a matrix (an attribute, where NumPy's
+    ``matrix_transpose`` is a Python function costing a few microseconds a call)."""
+    return x.T if x.ndim == 2 else xp.matrix_transpose(x)
 
 
 def _matmul_grad(op, g):

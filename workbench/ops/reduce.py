@@ -8,6 +8,7 @@ gradient) on adjacent lines, as in :mod:`workbench.ops.math`.
 from __future__ import annotations
 
 import builtins
+import functools
 
 from workbench.errors import DTypeError, ShapeError
 from workbench.ops import rules
@@ -151,14 +152,21 @@ def _unreduce_spec(g: TensorSpec, x: TensorSpec, *, axis, keepdims, mean) -> Ten
 
 
 def _unreduce_kernel(xp, g, x, *, axis, keepdims, mean):
-    axes = rules.axes_tuple(axis, x.ndim)
-    kept = [1 if i in axes else d for i, d in enumerate(x.shape)]
+    kept, count = _unreduced(x.shape, tuple(axis) if isinstance(axis, list) else axis)
     if mean:  # divide the reduced values, before they are broadcast
-        count = 1
-        for a in axes:
-            count *= x.shape[a]
         g = g / count
-    return xp.broadcast_to(xp.reshape(g, tuple(kept)), x.shape)
+    return xp.broadcast_to(xp.reshape(g, kept), x.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _unreduced(shape: tuple, axis) -> tuple[tuple, int]:
+    """``shape`` with the reduced axes kept as 1s, and how many elements each reduced value stands
+    for: worked out once per shape, not once per run."""
+    axes = rules.axes_tuple(axis, len(shape))
+    count = 1
+    for a in axes:
+        count *= shape[a]
+    return tuple(1 if i in axes else d for i, d in enumerate(shape)), count
 
 
 def _unreduce_grad(op, gg):
@@ -187,13 +195,19 @@ def _reduce_to_like_spec(g: TensorSpec, x: TensorSpec) -> TensorSpec:
 def _reduce_to_like_kernel(xp, g, x):
     if g.shape == x.shape:
         return g
-    lead = g.ndim - x.ndim
-    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(x.shape) if d == 1 and g.shape[lead + i] != 1)
-    if x.ndim and builtins.all(
-        a < lead for a in axes
-    ):  # already x's shape, and not a view: later steps may write into it
+    axes, leading = _broadcast_axes(g.shape, x.shape)
+    if leading:  # already x's shape, and not a view: later steps may write into it
         return xp.sum(g, axis=axes)
     return xp.reshape(xp.sum(g, axis=axes, keepdims=True), x.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _broadcast_axes(shape: tuple, like: tuple) -> tuple[tuple, bool]:
+    """The axes of ``shape`` that broadcasting ``like`` to it made or stretched, and whether they
+    are all leading ones (summing them leaves ``like``'s shape); once per pair of shapes."""
+    lead = len(shape) - len(like)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(like) if d == 1 and shape[lead + i] != 1)
+    return axes, bool(like) and builtins.all(a < lead for a in axes)
 
 
 def _broadcast_like_spec(a: TensorSpec, b: TensorSpec) -> TensorSpec:

@@ -151,6 +151,23 @@ def is_float(dtype: str) -> bool:
     return dtype in FLOATS
 
 
+def _ints_fit(array, target: np.dtype) -> bool:
+    """Every integer of ``array`` is in ``target``'s range, told by one maximum where the signs allow.
+
+    Unsigned values need only their maximum. Signed values cast to an unsigned type are seen as
+    unsigned of their own width: a negative one becomes larger than any non-negative value of the
+    source, so one maximum against the smaller of the two types' largest values finds both ends.
+    Only a signed source narrowed to a signed target needs its minimum too.
+    """
+    info, source = np.iinfo(target), array.dtype
+    if source.kind == "u":
+        return int(array.max()) <= info.max
+    if target.kind == "u":
+        unsigned = array.view(source.str.replace("i", "u"))
+        return int(unsigned.max()) <= min(info.max, np.iinfo(source).max)
+    return info.min <= int(array.min()) and int(array.max()) <= info.max
+
+
 def cast_exactly(array, dtype: str, what: str):
     """``array`` (NumPy or CuPy) cast to ``dtype``, or FeedError naming ``what`` if a value would change.
 
@@ -159,13 +176,15 @@ def cast_exactly(array, dtype: str, what: str):
     (``1e300`` is inf in float32). Rounding a number to a narrower float is not a change:
     float64 feeds of float32 placeholders stay accepted.
     """
-    target = np.dtype(dtype)
-    if target.kind in "iu" and array.dtype.kind in "iu" and array.size:
+    target, source = np.dtype(dtype), array.dtype
+    if np.can_cast(source, target, "safe"):  # a widening cast changes no value: nothing to look at
+        return array.astype(target)
+    if target.kind in "iu" and source.kind in "iu" and array.size and not _ints_fit(array, target):
         info = np.iinfo(target)
-        for value in (array.min(), array.max()):
+        for value in (array.min(), array.max()):  # the exact look, for the message
             if not info.min <= int(value) <= info.max:
                 raise FeedError(
-                    f"{what} expects {dtype} values, got {array.dtype} value {int(value)} that {dtype} cannot hold"
+                    f"{what} expects {dtype} values, got {source} value {int(value)} that {dtype} cannot hold"
                 )
     # an overflow is reported below, with the placeholder's name. A finite sum means every
     # value is finite (one reduction, no temporary): only a non-finite sum (an overflow, or
