@@ -12,7 +12,11 @@ It is the all-reduce engine's ``run`` (``class AllReduceEngine(Coordinated)``), 
 engine, the strategy engine (:mod:`workbench.cluster.collective.strategy_engine`) and the backup engine
 (:mod:`workbench.cluster.collective.backup_engine`: its steps leave the window once the members they
 used are done, and are reported once the late members' arrival times are in, ``_complete``) restart,
-choose members and keep their window in one place.
+choose members and keep their window in one place; the asynchronous engine
+(:mod:`workbench.cluster.parameter_server.asynchronous`) runs on it too, its ``_next`` waiting for the
+first gradient to arrive rather than the oldest step. The all-reduce engines hold submitted steps back
+to run them as segments (:mod:`workbench.cluster.collective.segments`): the loop's
+``_before_waiting_for`` sends them when it is about to wait for one of them.
 """
 
 from __future__ import annotations
