@@ -84,6 +84,48 @@ def test_the_loop_records_emits_and_checkpoints_at_its_cadence(tmp_path):
     assert final["w"].tolist() == [8.0, 8.0]
 
 
+class AheadEngine(CountingEngine):
+    """Brings step 4's variables home (with its outcome) before step 3 is yielded, as a cluster engine
+    whose results came together: an interrupt in between leaves step 4's outcome unreported."""
+
+    def run(self, first, last, sync_at):
+        outcome = lambda step: StepOutcome(step, {"time": float(step), "workers": -1.0}, {"replicas": 2})  # noqa: E731
+        self.unyielded = []
+        for step in range(first, last + 1):
+            if step == 3:
+                self.host = ({"w": self.w + 2.0}, 4)
+                self.unyielded = [outcome(4)]
+            if step != 4:
+                self.w = self.w + 1.0
+                yield outcome(step)
+            else:
+                self.w, self.unyielded = self.w + 1.0, []
+                yield outcome(4)
+
+    def unreported(self, step, upto):
+        return [o for o in self.unyielded if step < o.step <= upto]
+
+
+def test_an_interrupt_after_a_sync_came_home_records_the_steps_it_brought():
+    g, train, loss = linear()
+    sess = wb.Session(g)
+    events = []
+    sess.events.subscribe(events.append)
+    engine = AheadEngine()
+
+    def interrupt(record):
+        if record["step"] == 3:
+            raise KeyboardInterrupt
+
+    loop = FitLoop(request(g, train, steps=8), sess.events, callback=interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(engine, sess.variables)
+    # the variables are step 4's (home with step 3's results): the history and the event say step 4 too
+    assert [r["step"] for r in loop.history.records] == [1, 2, 3, 4]
+    assert loop.final["w"].tolist() == [4.0, 4.0] and loop.stopped_at == 4
+    assert isinstance(events[-1], FitInterrupted) and events[-1].step == 4
+
+
 def test_a_loop_refuses_an_engine_that_does_not_bring_a_checkpoint_step_home(tmp_path):
     g, train, loss = linear()
 

@@ -361,11 +361,24 @@ class FitLoop:
         """The variables of the last step taken (:meth:`StepEngine.settle`) and a FitInterrupted."""
         settle = getattr(engine, "settle", None)
         self.final, at = settle(self.step) if settle is not None else engine.variables()
+        if at > self.step:  # its copy is of steps it took and had not handed over yet (an interrupt came between)
+            self._record_unreported(engine, at)
         self.stopped_at = at
         if at < self.step:  # the engine kept an earlier step (its last host copy): the history ends there too
             self.history.records[:] = [r for r in self.history.records if r["step"] <= at]
             self.step = at
         self.events.emit(FitInterrupted, step=at, steps=self.request.steps, reason=reason)
+
+    def _record_unreported(self, engine: StepEngine, at: int) -> None:
+        """The records of the steps up to ``at`` that the engine took but did not yield before the fit
+        ended (``engine.unreported``): the history then ends where the variables are."""
+        unreported = getattr(engine, "unreported", None)
+        seconds = self.history.records[-1]["time"] if self.history.records else 0.0
+        for outcome in unreported(self.step, at) if unreported is not None else ():
+            if outcome.step != self.step + 1:
+                break
+            self.step = outcome.step
+            self._record(outcome, outcome.seconds if outcome.seconds is not None else seconds, engine)
 
     def _record(self, outcome: StepOutcome, seconds: float, engine: StepEngine) -> None:
         rate = self.request.batch_size / seconds if seconds > 0 else float("inf")

@@ -66,6 +66,17 @@ class Coordinated:
                 return
             todo.extend(self._next(coordinator))
 
+    def unreported(self, step: int, upto: int) -> list[StepOutcome]:
+        """The outcomes after ``step`` up to ``upto`` that ``run`` recorded and had not yielded when the fit
+        ended (an interrupt in the fit's loop, as a sync's variables came home with them), in order."""
+        outcomes = []
+        for outcome in getattr(self, "_outcomes", ()):
+            if not isinstance(outcome, StepOutcome) or outcome.step > upto:
+                break
+            if outcome.step > step:
+                outcomes.append(outcome)
+        return outcomes
+
     def in_flight(self) -> int:
         """Steps the coordinator keeps in flight (the engine's window)."""
         return self.window
