@@ -167,7 +167,8 @@ def report(batches, times: dict, seen: dict, rounds: int, steps: int) -> None:
     print("\n## Traffic and tasks per step (2 workers)\n")
     print(f"allreduce: {record['bytes_received'] / 1e6:.3f} MB received per worker per step (counted), "
           f"2(R-1)/R x model = {bound / 1e6:.3f} MB ({record['bytes_received'] / bound:.3f}x); "
-          f"{record['tasks']} tasks per step")  # fmt: skip
+          f"{record['replicas']} tasks per segment (a task per worker running up to segment_steps=16 steps; "
+          f"here each fit's {WARMUP} + --steps steps in one); allreduce 1/task: {record['replicas']} tasks per step")  # fmt: skip
     g, train, _ = mlp()
     ps_tasks = wb.cluster.lower(g, train, data(64), batch_size=64, replicas=2).tasks_per_step
     print(f"parameter_server: {MODEL_BYTES * 2 / 1e6:.3f} MB through task results per step (gradients to the "
