@@ -56,6 +56,7 @@ def test_a_slot_reads_like_its_members_task_future():
     last.submitted(segment, final=True)
     assert last.status == "pending"
     segment.finish("finished", {"step": 4, "variables": {"w": 1.0}})
+    last.segment_ended()
     assert last.status == "finished" and last.result(0)["variables"] == {"w": 1.0}
 
 
@@ -68,6 +69,8 @@ def test_a_failed_segment_fails_the_steps_that_had_not_come():
     called = []
     waiting.add_done_callback(lambda s: called.append(s.step))
     segment.finish("error", error=error)
+    for slot in (done, waiting):  # what Segments registers on each task
+        slot.segment_ended()
     assert done.status == "finished" and waiting.status == "error" and called == [3]
     assert waiting.exception() is error
     with pytest.raises(ClusterError, match="step 3 failed here"):

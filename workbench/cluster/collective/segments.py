@@ -89,29 +89,38 @@ class StepSlot:
         return pickle.loads(payload) if isinstance(payload, bytes) else payload
 
     def add_done_callback(self, callback) -> None:
+        """``callback(self)`` once its result came or its segment's task ended (at once if so already).
+        The segment's future is not asked for a callback per slot: :class:`Segments` registers one per
+        task (each registration wakes the client's event loop)."""
         if self._arrived.is_set():
             callback(self)
             return
         self._callbacks.append(callback)
-        if self.segment is not None:
-            self.segment.add_done_callback(lambda _: callback(self))
+        if self._segment_over():  # it ended already (or meanwhile: the segment's callback may have run)
+            callback(self)
+
+    def _segment_over(self) -> bool:
+        return self.segment is not None and self.segment.status in ("finished", "error", "cancelled", "lost")
 
     def arrived(self, payload: bytes) -> None:
         """Its result came (on the client's event loop): unpickled when read, in the driver's thread."""
         self._payload = payload
         self._arrived.set()
+        self._called()
+
+    def segment_ended(self) -> None:
+        """Its segment's task ended (on the client's event loop): the last step's result is in, or the
+        steps that had not come failed with it."""
         if self.final:
-            return
-        for callback in self._callbacks:
+            self._arrived.set()
+        self._called()
+
+    def _called(self) -> None:
+        for callback in list(self._callbacks):  # kept: the event may come after the task's end, or before
             callback(self)
-        self._callbacks = []
 
     def submitted(self, segment, final: bool) -> None:
         self.segment, self.final = segment, final
-        if final:
-            segment.add_done_callback(lambda _: self._arrived.set())
-        for callback in self._callbacks:
-            segment.add_done_callback(lambda _, c=callback: c(self))
 
 
 class Segments:
@@ -160,8 +169,10 @@ class Segments:
                 pure=False,
             )
             self.tasks.append((last, future))
-            for k, (_, _, slots) in enumerate(pending):
-                slots[rank].submitted(future, final=k == len(pending) - 1)
+            ranks = [slots[rank] for _, _, slots in pending]
+            for k, slot in enumerate(ranks):
+                slot.submitted(future, final=k == len(pending) - 1)
+            future.add_done_callback(lambda _, ranks=ranks: [slot.segment_ended() for slot in ranks])
             self.slots.pop((last, rank), None)  # its result is the task's, no event comes for it
 
     def _heard(self, event) -> None:
