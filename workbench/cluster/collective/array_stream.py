@@ -217,11 +217,7 @@ class ArrayStreams:
             while True:
                 names, nbytes = HEADER.unpack(await stream.read_bytes(HEADER.size))
                 group, key, dtype = _names(await stream.read_bytes(names))
-                if dtype.kind not in KINDS or nbytes % dtype.itemsize:
-                    raise FrameError(f"a frame of {nbytes} bytes of {dtype} for {key!r}")
-                array = self._into(group, key, dtype, nbytes)
-                if array is None:
-                    array = np.empty(nbytes // dtype.itemsize, dtype)
+                array = _target(self._into, group, key, dtype, nbytes)
                 if nbytes:
                     await stream.read_into(memoryview(array).cast("B"))
                 self._deliver(group, key, array)
@@ -297,11 +293,7 @@ class DirectReader:
             if start + nbytes > self.end:
                 break
             group, key, dtype = _names(bytes(self.view[pos + HEADER.size : start]))
-            if dtype.kind not in KINDS or nbytes % dtype.itemsize:
-                raise FrameError(f"a frame of {nbytes} bytes of {dtype} for {key!r}")
-            array = self._into(group, key, dtype, nbytes)
-            if array is None:
-                array = np.empty(nbytes // dtype.itemsize, dtype)
+            array = _target(self._into, group, key, dtype, nbytes)
             if nbytes:
                 memoryview(array).cast("B")[:] = self.view[start : start + nbytes]
             self._deliver(group, key, array)
@@ -317,6 +309,15 @@ class DirectReader:
             self.loop.remove_reader(self.sock.fileno())
             self.sock.close()
         self._closed(self)
+
+
+def _target(into, group: str, key: str, dtype: np.dtype, nbytes: int) -> np.ndarray:
+    """The array a frame's payload is read into: the one its receiver registered for it (``into``), or a
+    fresh one; a FrameError for a dtype no array is sent in, or a payload that is not whole elements."""
+    if dtype.kind not in KINDS or nbytes % dtype.itemsize:
+        raise FrameError(f"a frame of {nbytes} bytes of {dtype} for {key!r}")
+    array = into(group, key, dtype, nbytes)
+    return np.empty(nbytes // dtype.itemsize, dtype) if array is None else array
 
 
 def _names(raw: bytes) -> tuple[str, str, np.dtype]:
