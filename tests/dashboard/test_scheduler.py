@@ -81,11 +81,20 @@ def test_page_and_metrics_follow_a_fit_on_a_preloaded_cli_scheduler(preloaded, f
     seen = {}
 
     def during(record):  # runs in the training loop: the fit is in progress
-        if record["step"] < 30:  # a step of this model takes milliseconds: paced, the forwarder
-            time.sleep(0.02)  # (4 summaries a second) has sent some by step 30
+        # a step of this model takes milliseconds: paced, the forwarder (at most 4 summaries a second, sent
+        # when a step's event comes) has sent some by step 30, and the pause after step 29 makes step 30's go
+        if record["step"] < 30:
+            time.sleep(0.02 if record["step"] < 29 else 0.3)
         if record["step"] == 30:
             seen["html"] = fetch(f"{dashboard}/individual-workbench")
-            seen["metrics"] = fetch(f"{dashboard}/metrics")
+            deadline = time.monotonic() + 10  # the summary goes from the client's event loop: wait for it
+            while True:
+                seen["metrics"] = fetch(f"{dashboard}/metrics")
+                if 'workbench_training_steps_total{graph="probe"} 30' in seen["metrics"]:
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             seen["divs"], seen["sources"] = page_document(f"{dashboard}/individual-workbench")
 
     with wb.Session(g, seed=0, cluster=address) as sess:
