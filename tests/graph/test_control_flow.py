@@ -221,6 +221,22 @@ def test_scan_carry_changes_name_the_op_and_the_line(graph):
         wb.scan(lambda c, x: (c, None), (xs, wb.placeholder("ys", shape=(4,))), wb.constant(0.0))
 
 
+def test_a_carry_whose_open_dimension_changes_when_run_names_the_op_and_the_line(graph):
+    xs = wb.placeholder("xs", shape=(4, None, 3))  # the batch of each step is open: the build cannot tell
+    carry, _ = wb.scan(
+        lambda c, x: (c + x, None), xs, wb.constant(np.zeros((1, 3), "float32")), name="broadcast"
+    )  # carry broadcasts
+    sess = wb.Session(graph)
+    with pytest.raises(wb.ExecutionError) as caught:
+        sess.run(carry, {"xs": np.ones((4, 2, 3), "float32")})
+    message = str(caught.value)
+    assert message.startswith(
+        "scan 'broadcast' failed: ValueError: carry 0 has shape (1, 3) at the start of step 0 but (2, 3) at its end"
+    )
+    assert message.endswith(line_of("# carry broadcasts"))
+    np.testing.assert_array_equal(sess.run(carry, {"xs": np.ones((4, 1, 3), "float32")}), np.full((1, 3), 4.0))
+
+
 def test_a_body_may_not_update_variables(graph):
     v = wb.variable("v", shape=(3,), init="zeros")
     with pytest.raises(wb.GraphError, match="scan body 'scan/body': assign_add .* updates a variable"):

@@ -161,6 +161,12 @@ def _scan_kernel(xp, *arrays, body, carries, sequences, reverse, length, seed_sc
             history = [_stacked(xp, steps, c) for c in carry]
         for stack, value in zip(history, carry, strict=True):
             stack[t, ...] = value
+        for i in range(carries):  # a dimension the graph left open (None) must not change either
+            if out[i].shape != carry[i].shape:  # raised as the op's ExecutionError, with the user's line
+                raise ValueError(
+                    f"carry {i} has shape {tuple(carry[i].shape)} at the start of step {t} but "
+                    f"{tuple(out[i].shape)} at its end; fn must return each carry with the shape it was given"
+                )
         carry = out[:carries]
         for stack, value in zip(ys, out[carries:], strict=True):
             stack[t, ...] = value
