@@ -223,9 +223,8 @@ def test_scan_carry_changes_name_the_op_and_the_line(graph):
 
 def test_a_carry_whose_open_dimension_changes_when_run_names_the_op_and_the_line(graph):
     xs = wb.placeholder("xs", shape=(4, None, 3))  # the batch of each step is open: the build cannot tell
-    carry, _ = wb.scan(
-        lambda c, x: (c + x, None), xs, wb.constant(np.zeros((1, 3), "float32")), name="broadcast"
-    )  # carry broadcasts
+    init = wb.constant(np.zeros((1, 3), "float32"))
+    carry, _ = wb.scan(lambda c, x: (c + x, None), xs, init, name="broadcast")  # carry broadcasts
     sess = wb.Session(graph)
     with pytest.raises(wb.ExecutionError) as caught:
         sess.run(carry, {"xs": np.ones((4, 2, 3), "float32")})
