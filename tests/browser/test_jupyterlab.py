@@ -517,9 +517,15 @@ def test_dashboard_workbench_page_follows_a_fit(tmp_path):
         page_url = client.dashboard_link.rsplit("/", 1)[0] + "/individual-workbench"
         sess = wb.Session(g, seed=0, cluster=client)
 
+        seen = threading.Event()  # the page showed the fit running
+
+        def pace(record):  # steps slow (0.2 s) until the page has seen the fit run: 300 fast steps can end first
+            if not seen.is_set():
+                seen.wait(0.2)
+
         def fit():
             try:
-                sess.fit(train, data, batch_size=64, steps=300, replicas=2, fetches={"loss": loss})
+                sess.fit(train, data, batch_size=64, steps=300, replicas=2, fetches={"loss": loss}, callback=pace)
             except Exception as e:  # noqa: BLE001 - reported by the test below
                 errors.append(e)
 
@@ -533,6 +539,7 @@ def test_dashboard_workbench_page_follows_a_fit(tmp_path):
                 title = page.locator(".wb-fit-title")
                 title.filter(has_text="running").first.wait_for(timeout=60_000)  # live, during the fit
                 assert "steps/s" in title.first.inner_text()
+                seen.set()
                 trainer.join(timeout=120)
                 title.filter(has_text="done · step 300 / 300").first.wait_for(timeout=30_000)
                 assert page.locator("canvas").count() >= 1
@@ -543,6 +550,7 @@ def test_dashboard_workbench_page_follows_a_fit(tmp_path):
                     README_DASHBOARD.parent.mkdir(exist_ok=True)
                     page.screenshot(path=str(README_DASHBOARD), clip=clip)
             finally:
+                seen.set()
                 browser.close()
     finally:
         stop()
