@@ -797,8 +797,9 @@ def test_timeline_view_is_live_during_a_cluster_fit_and_follows_the_training_vie
         assert first <= step <= last < 40
         page.screenshot(path=str(tmp_path / "timeline-selected.png"))
         # a click on a span selects its step in the training view
-        other = timeline.locator(f"rect.wb-span[data-step='{first}']").first
-        other.click()
+        spans = timeline.locator(f"rect.wb-span[data-step='{first}']")  # its widest: a thin one can be covered
+        widths = spans.evaluate_all("rects => rects.map(r => r.getBBox().width)")
+        spans.nth(widths.index(max(widths))).click()
         training.locator(f"svg[data-curve='loss'] line.wb-marker[data-step='{first}']").wait_for(
             state="attached", timeout=15_000
         )

@@ -733,3 +733,23 @@ def test_assign_makes_a_new_array():
     new = REGISTRY["assign"].kernel(np, current, value)
     value[0] = 99.0
     np.testing.assert_array_equal(new, [0.0, 1.0, 2.0])
+
+
+def test_float32_erf_is_within_a_few_ulp_of_erf_and_stays_in_range():
+    """float32 erf (the rational approximation TensorFlow's CPU kernels use) against float64 erf
+    on a dense grid, the clamp, infinities, signed zeros, NaN, and the GELU built on it."""
+    from workbench.ops.special import _gelu_kernel, erf_values
+
+    x = np.concatenate([np.linspace(-7, 7, 400_001), [np.inf, -np.inf, 0.0, -0.0, 1e-30, -3e-9]]).astype(np.float32)
+    exact = ERF(x.astype(np.float64))
+    y = erf_values(np, x)
+    assert y.dtype == np.float32 and np.abs(y - exact).max() < 5e-7
+    assert np.abs(y).max() == 1.0 and np.array_equal(erf_values(np, -x), -y)  # in range, odd
+    assert np.signbit(y[-3]) and not np.signbit(y[-4]) and abs(y[-2] / exact[-2] - 1) < 1e-6
+    assert np.isnan(erf_values(np, np.array([np.nan], np.float32)))[0]
+    scratch = x.copy()
+    assert np.array_equal(erf_values(np, scratch, out_ok=True), y)  # the temporary may be used
+    gelu = _gelu_kernel(np, x[:-6], approximate="none")
+    x64 = x[:-6].astype(np.float64)
+    exact_gelu = 0.5 * x64 * (1 + ERF(x64 / math.sqrt(2)))
+    assert gelu.dtype == np.float32 and np.abs(gelu - exact_gelu).max() < 2e-6

@@ -330,7 +330,11 @@ def test_play_trains_in_the_background_and_redraws_at_most_ten_times_a_second():
     started = time.monotonic()
     app.play()
     assert app.playing and app._play_button.description == "Pause"
-    time.sleep(0.6)
+    deadline = started + 10.0  # at least two chunks, however loaded the machine (0.6 s when quiet)
+    while (app.model.step_count < 2 * app.steps_per_chunk or time.monotonic() < started + 0.6) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
     app.pause()
     elapsed = time.monotonic() - started
     assert not app.playing and app._play_button.description == "Play"

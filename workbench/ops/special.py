@@ -61,11 +61,45 @@ def _special_erf(xp):
     return erf
 
 
+# erf in float32 as Eigen (and so TensorFlow's CPU kernels) computes it: x P(x^2) / Q(x^2) on x
+# clamped to [-4, 4] (beyond, erf is +-1 in float32), P of degree 6 and Q of degree 4; the rational
+# function is within 6.5e-8 of erf, and the float32 evaluation within 4.3e-7 (a few ulp) of it.
+_ERF32_P = tuple(np.float32(c) for c in (
+    -2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+    -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02,
+))  # fmt: skip
+_ERF32_Q = tuple(np.float32(c) for c in (
+    -1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+    -1.42647390514189e-02,
+))  # fmt: skip
+
+
+def _erf_float32(x, out_ok: bool):
+    """erf of a float32 NumPy array in about 26 in-place passes over two temporaries (SciPy's
+    erf evaluates each float32 element in double precision, four times slower)."""
+    t = np.clip(x, -4.0, 4.0, out=x if out_ok else None)
+    x2 = t * t
+    p = x2 * _ERF32_P[0]
+    for c in _ERF32_P[1:]:
+        p += c
+        p *= x2 if c is not _ERF32_P[-1] else t
+    q = x2 * _ERF32_Q[0]
+    for c in _ERF32_Q[1:]:
+        q += c
+        if c is not _ERF32_Q[-1]:
+            q *= x2
+    p /= q
+    return np.clip(p, -1.0, 1.0, out=p)  # the rounding takes it 2e-7 past 1 near the clamp
+
+
 def erf_values(xp, x, out_ok: bool = False):
     """erf of the array ``x`` with namespace ``xp``; ``out_ok``: ``x`` is a temporary that may be
-    overwritten. Namespaces without an erf of their own (the array API has none) get the series
+    overwritten. float32 NumPy arrays get :func:`_erf_float32`; other NumPy and CuPy arrays SciPy's
+    erf. Namespaces without an erf of their own (the array API has none) get the series
     ``erf(x) = 2/sqrt(pi) exp(-x^2) sum_n 2^n x^(2n+1) / (2n+1)!!``, whose terms are all positive
     (no cancellation), summed to double precision for ``|x| < 6`` (beyond, erf is +-1 in float64)."""
+    if xp is np and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim > 0:
+        return _erf_float32(x, out_ok and x.flags.writeable)
     special = _special_erf(xp)
     if special is not None:
         return special(x, out=x) if out_ok and _writable(special, x) else special(x)
