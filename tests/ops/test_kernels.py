@@ -217,6 +217,10 @@ def pool_cases(grad):
             cases.append(
                 K([g, x], lambda g, x, k=k, s=s, p=p: naive_pool_grad(g, x, k, s, p), size=k, stride=s, padding=p)
             )
+            y = naive_pool(x, k, s, p)  # the forward's output, as the gradient op gets it
+            cases.append(
+                K([g, x, y], lambda g, x, y, k=k, s=s, p=p: naive_pool_grad(g, x, k, s, p), size=k, stride=s, padding=p)
+            )
         else:
             cases.append(K([x], lambda x, k=k, s=s, p=p: naive_pool(x, k, s, p), size=k, stride=s, padding=p))
     return cases

@@ -24,6 +24,35 @@ Every function takes the array namespace ``xp`` of a strided library (NumPy, CuP
 
 from __future__ import annotations
 
+import math
+import threading
+
+import numpy as np
+
+SCRATCH_LIMIT = 512 << 20  # bytes: a larger scratch array is allocated afresh each time
+_scratch = threading.local()
+
+
+def scratch(xp, role: str, shape: tuple, dtype):
+    """An uninitialised array for a kernel's own temporary (the im2col matrix, the input
+    gradient's window parts), taken from this thread's buffer for ``role``, kept between calls.
+
+    A fresh array of tens of megabytes costs its page faults at every step (3-8 ms per 75 MB,
+    as much as copying it); the buffer is reused instead, grown to the largest request up to
+    :data:`SCRATCH_LIMIT`. NumPy only (CuPy has its memory pool). The caller must not return
+    the array nor a view of it: the next call for the same role overwrites it."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if xp is not np or nbytes > SCRATCH_LIMIT:
+        return xp.empty(shape, dtype=dtype)
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None:
+        buffers = _scratch.buffers = {}
+    buffer = buffers.get(role)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = buffers[role] = np.empty(nbytes, dtype=np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
+
 
 def strided(xp) -> bool:
     """Whether ``xp`` has strided views (``lib.stride_tricks.as_strided``): NumPy and CuPy do."""
@@ -97,10 +126,11 @@ def window_view(xp, x, kernel, stride, padding, fill=0.0):
 
 
 def columns(xp, x, kernel, stride, padding):
-    """(cols (C*kh*kw, Ho*Wo*N) contiguous, Ho, Wo): the im2col matrix, in one copy."""
+    """(cols (C*kh*kw, Ho*Wo*N) contiguous, Ho, Wo): the im2col matrix, in one copy (into this
+    thread's scratch buffer: the caller uses it before the next convolution kernel runs)."""
     view, ho, wo = window_view(xp, x, kernel, stride, padding)
     c, kh, kw = view.shape[:3]
-    cols = xp.empty(view.shape, dtype=x.dtype)
+    cols = scratch(xp, "cols", view.shape, x.dtype)
     cols[...] = view
     return xp.reshape(cols, (c * kh * kw, -1)), ho, wo
 
@@ -129,7 +159,11 @@ def conv_input_grad(xp, g, x_shape, w, stride, padding):
     each window's part added back in place into one padded CHWN buffer."""
     o, c, kh, kw = w.shape
     ho, wo = g.shape[2:]
-    parts = xp.matmul(xp.matrix_transpose(xp.reshape(w, (o, -1))), channel_major(xp, g))
+    a, b = xp.matrix_transpose(xp.reshape(w, (o, -1))), channel_major(xp, g)
+    if xp is np:  # the GEMM writes into the scratch buffer, which add_windows reads once
+        parts = np.matmul(a, b, out=scratch(xp, "parts", (a.shape[0], b.shape[1]), np.result_type(a, b)))
+    else:
+        parts = xp.matmul(a, b)
     parts = xp.reshape(parts, (c, kh, kw, ho, wo, g.shape[0]))
     return add_windows(xp, parts, x_shape, (kh, kw), stride, padding)
 
@@ -164,14 +198,19 @@ def _pooled(xp, x, size, stride, padding):
     return out, view
 
 
-def max_pool_grad(xp, g, x, size, stride, padding):
+def max_pool_grad(xp, g, x, size, stride, padding, pooled=None):
     """The gradient of :func:`max_pool`: each window's gradient goes to its first maximum.
 
-    Windows that do not overlap (stride at least the size, the usual 2x2/2) write their
-    part straight into the gradient's buffer; overlapping ones add theirs in place."""
-    best, view = _pooled(xp, x, size, stride, padding)
+    ``pooled``: the forward's output (N, C, Ho, Wo), when at hand (else the maxima are taken
+    again). Windows that do not overlap (stride at least the size, the usual 2x2/2) write
+    their part straight into the gradient's buffer; overlapping ones add theirs in place."""
+    if pooled is None:
+        best, view = _pooled(xp, x, size, stride, padding)
+    else:
+        view = window_view(xp, x, size, stride, padding, fill=-float("inf"))[0]
+        best = pooled.transpose(1, 2, 3, 0)  # (C, Ho, Wo, N), as the view
     g = g.transpose(1, 2, 3, 0)  # (C, Ho, Wo, N), as the view
-    free = xp.ones(best.shape, dtype=bool)  # windows whose maximum has not taken the gradient yet
+    free = None  # windows whose maximum has not taken the gradient yet (all, before the first)
     first = xp.empty(best.shape, dtype=bool)
     (kh, kw), (sh, sw) = size, stride
     disjoint = sh >= kh and sw >= kw
@@ -187,8 +226,12 @@ def max_pool_grad(xp, g, x, size, stride, padding):
     for i in range(kh):
         for j in range(kw):
             xp.equal(view[:, i, j], best, out=first)
-            first &= free
-            free ^= first
+            if free is None:
+                free = xp.logical_not(first)
+            else:
+                first &= free
+                if i < kh - 1 or j < kw - 1:
+                    free ^= first
             xp.multiply(g, first, out=target[:, i, j])  # a multiply: four times faster than where
     if disjoint:
         return chwn(out[:, pt : pt + h, pl : pl + w])

@@ -354,9 +354,9 @@ def _pool_kernel(xp, x, *, size, stride, padding):
     return xp.max(xp.stack(parts, axis=0), axis=0)
 
 
-def _pool_grad_kernel(xp, g, x, *, size, stride, padding):
+def _pool_grad_kernel(xp, g, x, y=None, *, size, stride, padding):
     if im2col.strided(xp):
-        return im2col.max_pool_grad(xp, g, x, size, stride, padding)
+        return im2col.max_pool_grad(xp, g, x, size, stride, padding, pooled=y)
     parts = xp.stack(_windows(xp, x, size, stride, padding, fill=-float("inf")), axis=0)
     winner = xp.argmax(parts, axis=0)  # the first maximum of each window takes the gradient
     zero = xp.zeros_like(g)
@@ -365,13 +365,14 @@ def _pool_grad_kernel(xp, g, x, *, size, stride, padding):
 
 
 def _pool_grad(op, g):
-    return (apply("max_pool2d_grad", g, op.inputs[0], **op.attrs),)
+    # the forward's output comes along, so the backward pass does not take the maxima again
+    return (apply("max_pool2d_grad", g, op.inputs[0], op.outputs[0], **op.attrs),)
 
 
 defop("max_pool2d", infer=_pool_spec, kernel=_pool_kernel, grad=_pool_grad)
 defop(
     "max_pool2d_grad",
-    infer=lambda g, x, **_: TensorSpec(x.shape, g.dtype),
+    infer=lambda g, x, y=None, **_: TensorSpec(x.shape, g.dtype),
     kernel=_pool_grad_kernel,
     nondiff="gradient of max_pool2d; second derivatives are not supported",
 )
