@@ -757,3 +757,23 @@ def test_float32_erf_is_within_a_few_ulp_of_erf_and_stays_in_range():
     x64 = x[:-6].astype(np.float64)
     exact_gelu = 0.5 * x64 * (1 + ERF(x64 / math.sqrt(2)))
     assert gelu.dtype == np.float32 and np.abs(gelu - exact_gelu).max() < 2e-6
+
+
+@pytest.mark.parametrize("block_bytes", [1, 2 * 9 * 2 * 8, 4 * 9 * 2 * 8 * 3])
+@pytest.mark.parametrize("geometry", CONV_GEOMETRY)
+def test_conv_kernels_in_cache_blocks_match_the_naive_loops(monkeypatch, block_bytes, geometry):
+    """The NumPy convolution and its two gradients, taken block by block of output positions:
+    one position a block (1 byte), pieces of a row, and several rows a block."""
+    from workbench.ops import im2col
+
+    monkeypatch.setattr(im2col, "BLOCK_BYTES", block_bytes)
+    (h, w), k, s, p = geometry
+    rng = np.random.default_rng(7)
+    x, f = rng.standard_normal((2, 2, h + 3, w + 2)), rng.standard_normal((3, 2, *k))
+    ho, wo = pads(h + 3, k[0], s[0], p)[2], pads(w + 2, k[1], s[1], p)[2]
+    g = rng.standard_normal((2, 3, ho, wo))
+    view_shape = (2, *k, ho, wo, 2)
+    assert len(im2col.blocks(view_shape, 8)) > 1
+    assert_close(im2col.conv(np, x, f, s, p), naive_conv(x, f, s, p), rtol=1e-12)
+    assert_close(im2col.conv_input_grad(np, g, x.shape, f, s, p), naive_conv_input_grad(g, x, f, s, p), rtol=1e-12)
+    assert_close(im2col.conv_filter_grad(np, x, g, f, s, p), naive_conv_filter_grad(x, g, f, s, p), rtol=1e-12)

@@ -135,37 +135,113 @@ def columns(xp, x, kernel, stride, padding):
     return xp.reshape(cols, (c * kh * kw, -1)), ho, wo
 
 
+#: bytes of im2col matrix per block on NumPy: a block of columns is built and multiplied while
+#: it is in the core's L2 cache (the whole matrix, 9x the input, goes out to memory and back)
+BLOCK_BYTES = 512 << 10
+
+
+def blocks(view_shape, itemsize):
+    """The output positions of a window view (C, kh, kw, Ho, Wo, N) in blocks whose im2col
+    columns take about :data:`BLOCK_BYTES`: ``(a0, a1, b0, b1)`` ranges of output rows and
+    columns, whole rows together while one row fits, else pieces of one row."""
+    c, kh, kw, ho, wo, n = view_shape
+    position = c * kh * kw * n * itemsize
+    if position * wo <= BLOCK_BYTES:
+        rows = _even(ho, max(1, BLOCK_BYTES // (position * wo)))
+        return [(a, min(a + rows, ho), 0, wo) for a in range(0, ho, rows)]
+    width = _even(wo, max(1, BLOCK_BYTES // position))
+    return [(a, a + 1, b, min(b + width, wo)) for a in range(ho) for b in range(0, wo, width)]
+
+
+def _even(total, most):
+    """The step that cuts ``total`` into as few pieces of at most ``most`` as possible, evened out."""
+    pieces = -(-total // most)
+    return -(-total // pieces)
+
+
+def _block_columns(view, a0, a1, b0, b1):
+    """The im2col columns of one block, (C*kh*kw, (a1-a0)*(b1-b0)*N), in the scratch buffer."""
+    part = view[:, :, :, a0:a1, b0:b1]
+    cols = scratch(np, "cols", part.shape, view.dtype)
+    cols[...] = part
+    c, kh, kw = part.shape[:3]
+    return cols.reshape(c * kh * kw, -1)
+
+
 def channel_major(xp, g):
     """``g`` (N, O, Ho, Wo) as an (O, Ho*Wo*N) matrix: free when ``g`` lies in CHWN."""
     return xp.reshape(g.transpose(1, 2, 3, 0), (g.shape[1], -1))
 
 
 def conv(xp, x, w, stride, padding):
-    """conv2d of ``x`` (N, C, H, W) with ``w`` (O, C, kh, kw): the (N, O, Ho, Wo) view of one GEMM."""
+    """conv2d of ``x`` (N, C, H, W) with ``w`` (O, C, kh, kw): the (N, O, Ho, Wo) view of one GEMM
+    (on NumPy, one GEMM per cache-sized block of output positions, each written in place)."""
     o = w.shape[0]
-    cols, ho, wo = columns(xp, x, w.shape[2:], stride, padding)
-    out = xp.matmul(xp.reshape(w, (o, -1)), cols)  # (O, Ho*Wo*N): CHWN
-    return chwn(xp.reshape(out, (o, ho, wo, x.shape[0])))
+    if xp is not np:
+        cols, ho, wo = columns(xp, x, w.shape[2:], stride, padding)
+        out = xp.matmul(xp.reshape(w, (o, -1)), cols)  # (O, Ho*Wo*N): CHWN
+        return chwn(xp.reshape(out, (o, ho, wo, x.shape[0])))
+    view, ho, wo = window_view(xp, x, w.shape[2:], stride, padding)
+    w2 = w.reshape(o, -1)
+    out = np.empty((o, ho, wo, x.shape[0]), dtype=np.result_type(x, w))  # CHWN
+    for a0, a1, b0, b1 in blocks(view.shape, view.itemsize):
+        target = out[:, a0:a1, b0:b1].reshape(o, -1)  # a view: each block's positions are one run
+        np.matmul(w2, _block_columns(view, a0, a1, b0, b1), out=target)
+    return chwn(out)
 
 
 def conv_filter_grad(xp, x, g, w, stride, padding):
-    """The gradient of :func:`conv` with respect to ``w``: ``g (O, Ho*Wo*N) @ cols.T``."""
-    cols, _, _ = columns(xp, x, w.shape[2:], stride, padding)
-    return xp.reshape(xp.matmul(channel_major(xp, g), xp.matrix_transpose(cols)), w.shape)
+    """The gradient of :func:`conv` with respect to ``w``: ``g (O, Ho*Wo*N) @ cols.T`` (on NumPy,
+    summed over cache-sized blocks of output positions)."""
+    if xp is not np:
+        cols, _, _ = columns(xp, x, w.shape[2:], stride, padding)
+        return xp.reshape(xp.matmul(channel_major(xp, g), xp.matrix_transpose(cols)), w.shape)
+    view, _, _ = window_view(xp, x, w.shape[2:], stride, padding)
+    o = w.shape[0]
+    g_t = g.transpose(1, 2, 3, 0)  # (O, Ho, Wo, N)
+    dtype = np.result_type(x, g)
+    total, part = None, None
+    for a0, a1, b0, b1 in blocks(view.shape, view.itemsize):
+        cols = _block_columns(view, a0, a1, b0, b1)
+        rows = np.reshape(g_t[:, a0:a1, b0:b1], (o, -1))
+        if total is None:
+            total = np.matmul(rows, cols.T)
+            part = np.empty_like(total) if dtype == total.dtype else None
+        elif part is not None:
+            total += np.matmul(rows, cols.T, out=part)
+        else:
+            total += np.matmul(rows, cols.T)
+    return total.reshape(w.shape)
 
 
 def conv_input_grad(xp, g, x_shape, w, stride, padding):
     """The gradient of :func:`conv` with respect to ``x`` (of shape ``x_shape``): ``w.T @ g``,
-    each window's part added back in place into one padded CHWN buffer."""
+    each window's part added back in place into one padded CHWN buffer (on NumPy, block by
+    cache-sized block of output positions)."""
     o, c, kh, kw = w.shape
     ho, wo = g.shape[2:]
     a, b = xp.matrix_transpose(xp.reshape(w, (o, -1))), channel_major(xp, g)
-    if xp is np:  # the GEMM writes into the scratch buffer, which add_windows reads once
-        parts = np.matmul(a, b, out=scratch(xp, "parts", (a.shape[0], b.shape[1]), np.result_type(a, b)))
-    else:
-        parts = xp.matmul(a, b)
-    parts = xp.reshape(parts, (c, kh, kw, ho, wo, g.shape[0]))
-    return add_windows(xp, parts, x_shape, (kh, kw), stride, padding)
+    if xp is not np:
+        parts = xp.reshape(xp.matmul(a, b), (c, kh, kw, ho, wo, g.shape[0]))
+        return add_windows(xp, parts, x_shape, (kh, kw), stride, padding)
+    pads, _, _ = geometry(x_shape, (kh, kw), stride, padding)
+    (pt, pb), (pl, pr) = pads
+    n, _, h, width = x_shape
+    (sh, sw) = stride
+    dtype = np.result_type(a, b)
+    out = np.zeros((c, h + pt + pb, width + pl + pr, n), dtype=dtype)
+    g_t = g.transpose(1, 2, 3, 0)  # (O, Ho, Wo, N)
+    for a0, a1, b0, b1 in blocks((c, kh, kw, ho, wo, n), dtype.itemsize):
+        rows = np.reshape(g_t[:, a0:a1, b0:b1], (o, -1))
+        parts = np.matmul(a, rows, out=scratch(np, "parts", (a.shape[0], rows.shape[1]), dtype))
+        parts = parts.reshape(c, kh, kw, a1 - a0, b1 - b0, n)
+        for i in range(kh):
+            for j in range(kw):
+                top, left = a0 * sh + i, b0 * sw + j
+                out[:, top : top + sh * (a1 - a0 - 1) + 1 : sh, left : left + sw * (b1 - b0 - 1) + 1 : sw] += parts[
+                    :, i, j
+                ]
+    return chwn(out[:, pt : pt + h, pl : pl + width])
 
 
 def add_windows(xp, parts, x_shape, kernel, stride, padding):
