@@ -147,9 +147,10 @@ def test_a_used_rank_that_leaves_before_any_rank_applied_the_step_makes_it_decid
         b.close()
 
 
-def test_too_few_ranks_left_fail_the_step_with_a_message(loop):
-    net, backups = ranks(loop, 3, 2, "too-few")
-    grads, rows = gradients(3, seed=3), [4, 4, 4]
+def out_rank_left_alone(backups, net, grads, rows, wanted):
+    """Rank 1 (used) dies after its header; rank 2 had no gradient (it found the step decided before it
+    began), so rank 0's is the only one left: rank 2 is asked for its gradient and ``wanted(out)``
+    says what it does then. Each rank's outcome: (used, buckets), None (wanted), or the error."""
     dying = backups[1]
 
     async def dies_after_its_header(*args):
@@ -166,20 +167,57 @@ def test_too_few_ranks_left_fail_the_step_with_a_message(loop):
     threading.Thread(target=tell_the_others).start()
     out: list = [None] * 3
 
-    def run(r, out_):
+    def run(r):
+        flats = [g.copy() for g in grads[r]]
         try:
-            backups[r].exchange(1, [g.copy() for g in grads[r]], time.time(), time.time(), rows[r], out=out_)
+            used = backups[r].exchange(1, flats, time.time(), time.time(), rows[r], out=r == 2)
+            out[r] = (used, flats)
+            if used is None:
+                out[r] = wanted(out)
         except CollectiveError as e:
             out[r] = e
 
-    # rank 2 has no gradient (it found the step decided before it began)
-    threads = [threading.Thread(target=run, args=(r, r == 2)) for r in range(3)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(3)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    assert isinstance(out[0], CollectiveError) and isinstance(out[2], CollectiveError)
-    assert "ranks [1] left the cluster, and fewer than 2 ranks with a gradient are left" in str(out[0])
+    return out
+
+
+def test_an_out_rank_gives_its_gradient_where_a_used_rank_left_and_too_few_have_one(loop):
+    net, backups = ranks(loop, 3, 2, "wanted")
+    grads, rows = gradients(3, seed=3), [4, 4, 5]
+
+    def computes_and_hands_in(out):  # what the replica does: its gradient of the step, for the next attempt
+        attempt = backups[2].rejoin
+        flats = [g.copy() for g in grads[2]]
+        return backups[2].exchange(1, flats, time.time(), time.time(), rows[2], attempt=attempt), flats, attempt
+
+    out = out_rank_left_alone(backups, net, grads, rows, computes_and_hands_in)
+    assert isinstance(out[1], CollectiveError)
+    used, flats, attempt = out[2]
+    assert attempt == 1 and used == out[0][0] == [0, 2]  # the next attempt, with the out rank's gradient
+    sums = expected(grads, rows, [0, 2])
+    for got in (out[0][1], flats):
+        for flat, s in zip(got, sums):
+            assert flat.tobytes() == s.tobytes()
+    for b in backups:
+        b.close()
+
+
+def test_too_few_ranks_left_fail_the_step_with_a_message(loop):
+    net, backups = ranks(loop, 3, 2, "too-few")
+    grads, rows = gradients(3, seed=3), [4, 4, 4]
+
+    def leaves_too(out):  # the out rank, asked for its gradient, leaves as well
+        net.dead.add(2)
+        backups[0].peer_gone([2])
+        return "left"
+
+    out = out_rank_left_alone(backups, net, grads, rows, leaves_too)
+    assert out[2] == "left" and isinstance(out[0], CollectiveError)
+    assert "ranks [1, 2] left the cluster, and fewer than 2 ranks with a gradient are left" in str(out[0])
     for b in backups:
         b.close()
 

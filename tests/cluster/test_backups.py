@@ -199,3 +199,48 @@ def test_a_stopped_used_member_is_left_out_before_the_step_deadline(fresh3, kit)
     assert all(r["dropped"] == [2] for r in history.records[-8:])
     assert all(r["dropped"] == [1] for r in history.records[1:7])
     assert np.isfinite(history[model["loss"].name]).all()
+
+
+FAULT_STEP = 6
+
+
+def out_of_a_step_whose_used_member_dies():
+    """Patched into every worker of the fit below: rank 1 begins step FAULT_STEP only once it was
+    decided without it (no gradient), and rank 2, chosen for it, dies before sending its pieces."""
+    from workbench.cluster.collective.backups import BackupRank
+
+    decided, reduce = BackupRank.decided, BackupRank._reduce
+
+    def late_decided(self, step):
+        if self.comm.rank == 1 and step == FAULT_STEP:
+            self.wait_decided(step, 10.0)
+        return decided(self, step)
+
+    async def dying_reduce(self, step, *args):
+        if self.comm.rank == 2 and step == FAULT_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return await reduce(self, step, *args)
+
+    BackupRank.decided, BackupRank._reduce = late_decided, dying_reduce
+
+
+def test_a_member_out_of_a_step_gives_its_gradient_when_a_used_one_dies_before_anyone_applied_it(fresh3, kit):
+    # the race a killed used member can meet: the other used rank (0) has not applied the step, and the
+    # third one (1) began it decided already, so no second gradient is left; rank 1 computes its own
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(__import__(__name__))
+    fresh3.run(out_of_a_step_whose_used_member_dies)
+    events = []
+    model, data = kit.mlp(), kit.blobs(n=240)
+    sess = wb.Session(model["graph"], seed=0, cluster=fresh3)
+    sess.events.subscribe(events.append)
+    history = sess.fit(
+        model["train"], data, batch_size=24, steps=12, replicas=2, backup_replicas=1, fetches=[model["loss"]]
+    )
+    assert [r["step"] for r in history.records] == list(range(1, 13))
+    assert not [e for e in events if isinstance(e, Restarted)]  # no step done again
+    faulty = history.records[FAULT_STEP - 1]
+    assert faulty["dropped"] == [2] and faulty["arrivals"][1] is not None  # rank 1's gradient used
+    assert all(r["dropped"] == [2] for r in history.records[FAULT_STEP:])
+    assert np.isfinite(history[model["loss"].name]).all()

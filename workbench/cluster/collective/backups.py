@@ -35,13 +35,15 @@ used the departed rank without the arbiter's verdict, and each tells the arbiter
 applied. For each step that used it, the arbiter sends the verdict: *commit* where some rank still
 there applied it (that rank hands the departed rank's summed chunks on to the others, which may not
 have had them all), else *abort*, and the step is decided again (the next attempt) among the ranks
-still there that have a gradient (each keeps its own until it applies the step). All ranks apply
+still there that have a gradient (each keeps its own until it applies the step); where too few of
+them have one, the ranks that were out of the step are asked for theirs (*wanted*: each computes
+its gradient of the step, not applied yet there, and hands it in for the next attempt). All ranks apply
 the same attempt of every step. The price: each rank keeps the sums of its last
 :data:`KEEP_STEPS` steps (to hand them on). A rank that stops answering without leaving (a stopped
 process) after it was chosen holds the step until the driver sees its heartbeats stopped (a few
 seconds without progress, :func:`~workbench.cluster.health.silence_threshold`): the driver then tells
 the others as if it had left, and leaves it out of the fit. A stopped rank 0, a rank that does not
-report, or too few ranks with a gradient fail the step (the driver restarts from its host copy).
+report, or too few ranks still there fail the step (the driver restarts from its host copy).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ KEEP_STEPS = 2
 #: the others by the backup engine's report lag at most.
 DECISIONS_KEPT = 128
 
-COMMIT, ABORT, FAILED = 1.0, 0.0, -1.0
+COMMIT, ABORT, FAILED, WANTED = 1.0, 0.0, -1.0, 2.0  # WANTED: an out rank's gradient is asked for
 
 
 def header(start: float, ready: float, rows: int, out: bool) -> np.ndarray:
@@ -115,6 +117,7 @@ class BackupRank:
         self.comm, self.needed, self.mean, self._buckets = comm, int(needed), bool(mean), int(buckets)
         self.timeout = comm.timeout
         self.bytes_received = 0
+        self.rejoin = 0  # the attempt an out rank whose gradient is wanted hands it in for
         self.gone: set[int] = set()  # ranks that left the cluster (peer_gone)
         self._gone_waiters: list = []
         self._kept: deque = deque(maxlen=KEEP_STEPS)  # (step, attempt, used, chunks) applied here
@@ -134,10 +137,17 @@ class BackupRank:
         """Sleep ``seconds``, or less if ``step`` is decided meanwhile (a straggler's wait); whether it was."""
         return self._on_loop(self._until_decided(step, seconds), seconds + self.timeout)
 
-    def exchange(self, step: int, flats: list, start: float, ready: float, rows: int, out: bool = False) -> list[int]:
+    def exchange(
+        self, step: int, flats: list, start: float, ready: float, rows: int, out: bool = False, attempt: int = 0
+    ) -> list[int] | None:
         """Hand step ``step``'s gradient (the buckets ``flats``) in (``out``: only say this rank has
-        none), wait for the decision and the sums, and write them into ``flats``; the ranks used."""
-        future = asyncio.run_coroutine_threadsafe(self._hand_in(step, flats, start, ready, rows, out), self.comm.loop)
+        none), wait for the decision and the sums, and write them into ``flats``; the ranks used.
+
+        None where this rank was out and its gradient is wanted after all (a used rank left and too
+        few others have one): the caller computes it and hands it in with ``attempt=self.rejoin``."""
+        future = asyncio.run_coroutine_threadsafe(
+            self._hand_in(step, flats, start, ready, rows, out, attempt), self.comm.loop
+        )
         try:  # a decision, a redo after a used rank left, and the verdicts: each bounded by the timeout
             message, chunks = future.result(4 * self.timeout + 5.0)
         except TimeoutError:
@@ -146,6 +156,9 @@ class BackupRank:
                 f"backup step {step} on {self.comm.describe(self.comm.rank)}: no decision from "
                 f"{self.comm.describe(0)} within {4 * self.timeout:g} s (did it die or hang?)"
             ) from None
+        if message is None:  # wanted: ``chunks`` is the attempt to hand the gradient in for
+            self.rejoin = chunks
+            return None
         for flat, pieces in zip(flats, chunks, strict=True):
             for (a, b), piece in zip(chunk_bounds(len(flat), len(pieces)), pieces, strict=True):
                 np.copyto(flat[a:b], piece, casting="unsafe")
@@ -244,10 +257,9 @@ class BackupRank:
         return waiter
 
     # -- on the event loop: a rank's step ---------------------------------------------------------
-    async def _hand_in(self, step: int, flats: list, start: float, ready: float, rows: int, out: bool):
+    async def _hand_in(self, step: int, flats: list, start: float, ready: float, rows: int, out: bool, attempt=0):
         rank = self.comm.rank
-        await self._send(0, self._key(step, "header", rank), header(start, ready, rows, out))
-        attempt = 0
+        await self._send(0, self._key(step, _header_key(attempt), rank), header(start, ready, rows, out))
         while True:
             message = await self._awaited(step, self._key(step, f"decision{attempt}"), "no decision")
             used = _used(message)
@@ -262,6 +274,8 @@ class BackupRank:
                 self._applied(step, attempt, used, chunks)
                 return message, chunks
             work.cancel()
+            if verdict == WANTED:
+                return None, attempt + 1
             if verdict == FAILED:
                 raise CollectiveError(
                     f"backup step {step}: ranks {sorted(self.gone)} left the cluster, and fewer than {self.needed} "
@@ -355,8 +369,9 @@ class BackupRank:
                 await self._decide(step)
                 step += 1
 
-    async def _header(self, step: int, rank: int):
-        return rank, await self._take(self._key(step, "header", rank), rank, self.timeout * IDLE_TIMEOUTS)
+    async def _header(self, step: int, rank: int, attempt: int = 0):
+        key = self._key(step, _header_key(attempt), rank)
+        return rank, await self._take(key, rank, self.timeout * IDLE_TIMEOUTS)
 
     async def _decide(self, step: int) -> None:
         """The first ``R`` ranks with a gradient; the late ones' headers are kept (for a decision again)."""
@@ -364,15 +379,16 @@ class BackupRank:
         for task in pending:
             task.add_done_callback(_discard)
         arrived: dict[int, np.ndarray] = {}
+        out: set[int] = set()
         try:
-            pending = await self._arrivals(pending, arrived)
+            pending = await self._arrivals(pending, arrived, out)
         except asyncio.CancelledError:  # the group closed
             for task in pending:
                 task.cancel()
             raise
         if len(arrived) < self.needed:
             raise CollectiveError(f"backup step {step}: only {len(arrived)} of {self.needed} gradients came")
-        self._decisions[step] = entry = Decided(0, first_arrivals(arrived, self.needed), arrived, pending)
+        self._decisions[step] = entry = Decided(0, first_arrivals(arrived, self.needed), arrived, pending, out)
         for old in [k for k in self._decisions if k <= step - DECISIONS_KEPT]:
             del self._decisions[old]
         self._announce(step, entry)
@@ -383,8 +399,9 @@ class BackupRank:
         for peer in range(self.comm.size):
             self._post(peer, self._key(step, f"decision{entry.attempt}"), message)
 
-    async def _arrivals(self, pending: set, arrived: dict) -> set:
-        """Take headers until ``R`` ranks still there have a gradient (or none is left to come); the rest."""
+    async def _arrivals(self, pending: set, arrived: dict, out: set) -> set:
+        """Take headers until ``R`` ranks still there have a gradient (or none is left to come); the
+        rest. ``out`` gets the ranks that said they have none."""
         while True:
             for task in [t for t in pending if t.done()]:
                 pending.discard(task)
@@ -392,6 +409,9 @@ class BackupRank:
                     rank, head = task.result()
                     if not head[3]:
                         arrived[rank] = head
+                        out.discard(rank)
+                    else:
+                        out.add(rank)
             for rank in self.gone & set(arrived):
                 del arrived[rank]
             if len(arrived) >= self.needed or not pending:
@@ -429,7 +449,17 @@ class BackupRank:
     async def _again(self, step: int, entry: Decided, behind: list[int]) -> None:
         """No rank still there applied ``step``: abort this attempt and decide the next one."""
         attempt = entry.attempt
-        entry.pending = await self._arrivals(entry.pending, entry.arrived)
+        entry.pending = await self._arrivals(entry.pending, entry.arrived, entry.out)
+        wanted = sorted(r for r in entry.out if r in behind and r not in self.gone)
+        if len(entry.arrived) < self.needed and len(entry.arrived) + len(wanted) >= self.needed:
+            # too few gradients without the ranks that were out of the step: they compute theirs
+            for r in wanted:
+                self._post(r, self._key(step, f"verdict{attempt}"), np.asarray([WANTED]))
+                task = asyncio.ensure_future(self._header(step, r, attempt + 1))
+                task.add_done_callback(_discard)
+                entry.pending.add(task)
+            behind = [r for r in behind if r not in wanted]
+            entry.pending = await self._arrivals(entry.pending, entry.arrived, entry.out)
         enough = len(entry.arrived) >= self.needed
         if enough:
             entry.attempt, entry.used = attempt + 1, first_arrivals(entry.arrived, self.needed)
@@ -446,6 +476,12 @@ class Decided:
     used: list
     arrived: dict
     pending: set
+    out: set  # the ranks that said they have no gradient (the step was decided before they began)
+
+
+def _header_key(attempt: int) -> str:
+    """A rank's header of the step's first attempt, or the one it hands in when its gradient is wanted."""
+    return "header" if attempt == 0 else f"header{attempt}"
 
 
 def _used(message) -> list[int]:

@@ -147,12 +147,18 @@ class Replica:
         if not ready or self.step != step - 1:
             raise ClusterError(f"step {step} came to replica {self.comm.rank} at step {self.step}")
 
-    def _run(self, step, rows, offset, weight, scale, fetch_weight, sync, stats=False, delay=0.0) -> dict:
+    def _run(self, step, rows, offset, weight, scale, fetch_weight, sync, stats=False, delay=0.0, rejoin=0) -> dict:
+        """``rejoin``: the attempt of a step this backup replica was out of, for which its gradient is
+        wanted after all (a used replica left and too few others have one)."""
         start_wall = time.time()  # wall clock: the driver lines the replicas' steps up by it
         for handle in self._settling:  # the buckets are ours to write again once peers have read them
             handle.wait(self.group.timeout)
-        if self.backup is not None and self.backup.decided(step):  # out of this step before it began
-            return self._catch_up(step, rows, start_wall, fetch_weight, sync, delay)
+        if not rejoin and self.backup is not None and self.backup.decided(step):  # out of it before it began
+            used = self._catch_up(step, rows, start_wall, fetch_weight, sync, delay)
+            if used is not None:
+                return used
+            args = (step, rows, offset, weight, scale, fetch_weight, sync, stats)
+            return self._run(*args, delay=0.0, rejoin=self.backup.rejoin)
         started, marks = time.perf_counter(), self._marks
         began = time.time()
         if injected_delay(self.comm.rank):  # tests: this rank made late
@@ -190,7 +196,7 @@ class Replica:
         used = None
         if self.backup is not None:  # the first R gradients' mean, the same for every rank (this one's or not)
             self._before_waiting()
-            used = self.backup.exchange(step, self.flats, start_wall, ready_wall, len(rows))
+            used = self.backup.exchange(step, self.flats, start_wall, ready_wall, len(rows), attempt=rejoin)
             self._settling = []
         else:
             if not all(handle.done() for handle in self._handles):
@@ -248,11 +254,14 @@ class Replica:
                     self._handles[b] = self.comm.start(f"{self._step}.{b}", self.flats[b], self._scale)
         return ready
 
-    def _catch_up(self, step, rows, start_wall, fetch_weight, sync, delay) -> dict:
-        """A backup replica whose step was decided without it: no gradient, the same update as the others."""
+    def _catch_up(self, step, rows, start_wall, fetch_weight, sync, delay) -> dict | None:
+        """A backup replica whose step was decided without it: no gradient, the same update as the others
+        (None where its gradient is wanted after all: the caller computes it)."""
         self._before_waiting()
         began, (sent, received) = time.perf_counter(), self._bytes()
         used = self.backup.exchange(step, self.flats, start_wall, time.time(), len(rows), out=True)
+        if used is None:
+            return None
         reduced = time.perf_counter()
         self.update.run([self.views[i] for i in self.update_order], self.program.check_numerics)
         self.step, self._settling = step, []
