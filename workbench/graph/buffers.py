@@ -146,6 +146,36 @@ def _with_slots(get):
 SOLE_DONOR = _sole_donor_count()
 
 
+def _sole_update_counts() -> tuple[int, int]:
+    """What ``sys.getrefcount`` of a variable's array says in an in-place update step when nothing
+    but the run holds it: (the update's read of the variable is that array, it is not). Measured
+    once, as :func:`_sole_donor_count` is, with a probe shaped like the step
+    (``inplace_update_step(slots, snapshot, *args)`` taking ``current = state[name]``, the array
+    also in the plan's ``fresh`` table), called as :meth:`Plan.run <workbench.graph.plan.Plan.run>`
+    calls its steps."""
+    state = {"v": bytearray(1)}
+    fresh = dict(state)
+
+    def probe(slots, _snapshot, *args):
+        current = state["v"]
+        assert current is fresh.get("v")
+        return sys.getrefcount(current)
+
+    get = _with_slots(itemgetter(0, 1))
+    slots = [state["v"], bytearray(1)]
+    read = probe(*get(slots))
+    slots[0] = bytearray(1)
+    return read, probe(*get(slots))
+
+
+#: ``sys.getrefcount`` of a variable's array in its in-place update when only the run holds it
+#: (its state and ``fresh`` entries, the step's name for it and, where the update's read is it,
+#: the read's slot and the step's argument): a slot holding it or a view of it, or another
+#: variable viewing it, is one reference more, so at these counts the update skips the scans
+#: of the guarded slots and of the other variables.
+SOLE_UPDATE_READ, SOLE_UPDATE = _sole_update_counts()
+
+
 def _viewed(a, values, but=None) -> bool:
     """Some value other than ``but`` is ``a`` (an array that owns its memory) or a view of it.
 

@@ -27,6 +27,8 @@ from workbench.errors import ExecutionError, NumericsError, WorkbenchError
 from workbench.graph.core import Graph, Operation, Tensor
 from workbench.graph.buffers import (
     SOLE_DONOR,
+    SOLE_UPDATE,
+    SOLE_UPDATE_READ,
     _copy,
     _disjoint,
     _holds_result,
@@ -275,6 +277,11 @@ class Plan:
 
             return update_step
         plan, xp, inplace = self, self.xp, functools.partial(op.opdef.inplace, self.xp, **op.attrs)
+        # the reference counts that tell that only the run holds the variable's array; where a later
+        # step or a fetch still needs the update's read (its slot guarded), none: the scans decide
+        guarded = set(guard)
+        read_free = not any(slot in guarded for slot, read in self.reads if read == name)
+        sole_read = SOLE_UPDATE_READ if read_free else -1
 
         def inplace_update_step(slots, _snapshot, *args):
             current = state[name]
@@ -282,8 +289,14 @@ class Plan:
                 current is fresh.get(name)
                 and _owned(current)
                 and _holds_result(current, args)
-                and not _shared(current, slots, guard)
-                and (plan._disjoint or not _viewed(current, state.values(), but=current))
+                # at the sole count nothing else holds ``current`` or a view of it: no scans needed
+                and (
+                    sys.getrefcount(current) == (sole_read if _snapshot is current else SOLE_UPDATE)
+                    or (
+                        not _shared(current, slots, guard)
+                        and (plan._disjoint or not _viewed(current, state.values(), but=current))
+                    )
+                )
             ):
                 return inplace(current, current, *args)
             # an array, not a NumPy scalar (what 0-d arithmetic gives), so later updates can write into it
