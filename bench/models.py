@@ -12,7 +12,12 @@ Models (the same shapes, initial weights and data in both frameworks, float32, S
   "same" + ReLU, 2x2 max pool, dense to 10 classes;
 - ``cnn32``: the same CNN on 3x32x32 inputs;
 - ``attention``: a pre-LN transformer block on (batch, 8, 32) tokens: layer norm, 4-head
-  self-attention, residual, layer norm, GELU MLP (4x), residual, mean over tokens, dense.
+  self-attention, residual, layer norm, GELU MLP (4x), residual, mean over tokens, dense;
+- ``transformer``, ``resnet``, ``rnn``: the models of :mod:`workbench.models` (those of the
+  notebook ``notebooks/models.ipynb``) on rows of 64 pixels, built by their builders, trained
+  with their Adam (batch norm in training mode), against PyTorch modules of the same layers
+  given the workbench session's initial variables (``F.linear``/``F.conv2d``/``F.batch_norm``
+  as ``torch.nn``'s layers call them, ``torch.nn.RNN`` for the Elman RNN), ``torch.optim.Adam``.
 
 Each round times a window of steps of each implementation in turn (the order rotates), so
 load from other processes hits both; the medians over the rounds are reported, in steps per
@@ -167,6 +172,119 @@ class TorchAttention(torch.nn.Module):
         return x.mean(dim=1) @ p["w"] + p["b"]
 
 
+# -- the models of workbench.models ----------------------------------------------------------------
+
+
+def builder_workbench(name: str):
+    """(step, initial variables by name) of ``workbench.models.BUILDERS[name]``, trained as the
+    notebook trains it (``training`` fed True where the model has batch norm)."""
+    m = wb.models.BUILDERS[name]()
+    sess = wb.Session(m["graph"], seed=0)
+    variables = m["graph"].trainable_variables
+    params = dict(zip([v.name for v in variables], sess.run(variables), strict=True))
+    extra = {"training": True} if "training" in m else {}
+
+    def step(xb, yb):
+        return sess.run([m["loss"], m["train"]], {"x": xb, "y": yb, **extra})[0]
+
+    return step, params
+
+
+class TorchParams(torch.nn.Module):
+    """Parameters named as workbench's variables; dense kernels (in, out) kept as PyTorch's (out, in)."""
+
+    def __init__(self, params: dict):
+        super().__init__()
+        self.p = torch.nn.ParameterDict(
+            {k.replace("/", "__"): torch.nn.Parameter(torch.from_numpy(a.T.copy() if self._dense(k, a) else a.copy()))
+             for k, a in params.items()}
+        )  # fmt: skip
+
+    @staticmethod
+    def _dense(name: str, a) -> bool:
+        return name.endswith("kernel") and a.ndim == 2
+
+    def __getitem__(self, name: str):
+        return self.p[name.replace("/", "__")]
+
+    def linear(self, x, scope: str, bias: bool = True):
+        return F.linear(x, self[f"{scope}/kernel"], self[f"{scope}/bias"] if bias else None)
+
+
+class TorchTransformer(TorchParams):
+    def forward(self, x):
+        d, heads = 32, 4
+        h = self.linear(x.reshape(-1, 8, 8), "embed/tokens") + self["embed/positions"]
+        for i in range(2):
+            b = f"block{i}/"
+            n = F.layer_norm(h, (d,), self[b + "layer_norm/gamma"], self[b + "layer_norm/beta"], eps=1e-5)
+            qkv = self.linear(n, b + "multi_head_attention/qkv", bias=False)
+            qkv = qkv.reshape(-1, 8, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
+            att = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2]).transpose(1, 2).reshape(-1, 8, d)
+            h = h + self.linear(att, b + "multi_head_attention/out")
+            n = F.layer_norm(h, (d,), self[b + "layer_norm_1/gamma"], self[b + "layer_norm_1/beta"], eps=1e-5)
+            h = h + self.linear(F.gelu(self.linear(n, b + "mlp_in")), b + "mlp_out")
+        h = F.layer_norm(h, (d,), self["final_norm/gamma"], self["final_norm/beta"], eps=1e-5)
+        return self.linear(h.mean(dim=1), "head")
+
+
+class TorchResNet(TorchParams):
+    """The ResNet's layers; TensorFlow's "same" padding for the stride-2 3x3 convolution on 8x8
+    puts its one padded row and column after the image (PyTorch's ``padding=1`` pads both sides)."""
+
+    def __init__(self, params: dict):
+        super().__init__(params)
+        for k, a in params.items():
+            if k.endswith("/gamma"):
+                scope = k[: -len("/gamma")].replace("/", "__")
+                self.register_buffer(scope + "__mean", torch.zeros(a.shape))
+                self.register_buffer(scope + "__var", torch.ones(a.shape))
+
+    def bn(self, x, scope: str):
+        key = scope.replace("/", "__")
+        return F.batch_norm(x, getattr(self, key + "__mean"), getattr(self, key + "__var"),
+                            self[f"{scope}/gamma"], self[f"{scope}/beta"], training=True, momentum=0.01, eps=1e-3)  # fmt: skip
+
+    def forward(self, x):
+        x = x.reshape(-1, 1, 8, 8)
+        h = F.relu(self.bn(F.conv2d(x, self["stem/conv2d/kernel"], padding=1), "stem/batch_norm"))
+        out = F.relu(self.bn(F.conv2d(h, self["block0/conv2d/kernel"], padding=1), "block0/batch_norm"))
+        out = self.bn(F.conv2d(out, self["block0/conv2d_1/kernel"], padding=1), "block0/batch_norm_1")
+        h = F.relu(out + h)
+        out = F.conv2d(F.pad(h, (0, 1, 0, 1)), self["block1/conv2d/kernel"], stride=2)
+        out = F.relu(self.bn(out, "block1/batch_norm"))
+        out = self.bn(F.conv2d(out, self["block1/conv2d_1/kernel"], padding=1), "block1/batch_norm_1")
+        short = self.bn(F.conv2d(h, self["block1/shortcut/kernel"], stride=2), "block1/batch_norm_2")
+        h = F.relu(out + short)
+        return self.linear(h.mean(dim=(2, 3)), "head")
+
+
+class TorchRNN(torch.nn.Module):
+    """``torch.nn.RNN`` (tanh) given the cell's weights; its second bias is zero and frozen (the
+    workbench cell has one)."""
+
+    def __init__(self, params: dict):
+        super().__init__()
+        hidden = params["cell/w_h"].shape[0]
+        self.rnn = torch.nn.RNN(8, hidden)
+        self.head = torch.nn.Linear(hidden, CLASSES)
+        with torch.no_grad():
+            self.rnn.weight_ih_l0.copy_(torch.from_numpy(params["cell/w_x"].T.copy()))
+            self.rnn.weight_hh_l0.copy_(torch.from_numpy(params["cell/w_h"].T.copy()))
+            self.rnn.bias_ih_l0.copy_(torch.from_numpy(params["cell/b"]))
+            self.rnn.bias_hh_l0.zero_()
+            self.head.weight.copy_(torch.from_numpy(params["head/kernel"].T.copy()))
+            self.head.bias.copy_(torch.from_numpy(params["head/bias"]))
+        self.rnn.bias_hh_l0.requires_grad_(False)
+
+    def forward(self, x):
+        _, last = self.rnn(x.reshape(-1, 8, 8).transpose(0, 1))  # time first, as the scan
+        return self.head(last[0])
+
+
+TORCH_MODELS = {"transformer": (TorchTransformer, 3e-3), "resnet": (TorchResNet, 3e-3), "rnn": (TorchRNN, 5e-3)}
+
+
 # -- measuring ------------------------------------------------------------------------------------
 
 
@@ -182,8 +300,9 @@ def init(shapes: dict, seed: int = 0) -> dict:
     return out
 
 
-def torch_step(model):
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+def torch_step(model, adam: float | None = None):
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trainable, lr=LR) if adam is None else torch.optim.Adam(trainable, lr=adam, eps=1e-8)
 
     def step(xb, yb):
         loss = F.cross_entropy(model(xb), yb)
@@ -197,6 +316,15 @@ def torch_step(model):
 
 def setup(name: str, batch: int):
     """(workbench step, torch step, NumPy batches, torch batches) of model ``name``."""
+    if name in TORCH_MODELS:
+        cls, learning_rate = TORCH_MODELS[name]
+        wb_step, params = builder_workbench(name)
+        t_step = torch_step(cls(params), adam=learning_rate)
+        rng = np.random.default_rng(1)
+        xs = [rng.standard_normal((batch, 64), dtype=np.float32) for _ in range(4)]
+        ys = [rng.integers(0, CLASSES, batch).astype(np.int64) for _ in range(4)]
+        batches = list(zip(xs, ys, strict=True))
+        return wb_step, t_step, batches, [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
     if name == "attention":
         params = init(attention_shapes())
         wb_step, model = attention_workbench(params), TorchAttention(params)
@@ -253,7 +381,7 @@ def measure(name: str, batch: int, rounds: int, seconds: float) -> dict:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", default="cnn,cnn32,attention")
+    parser.add_argument("--models", default="cnn,cnn32,attention,transformer,resnet,rnn")
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--seconds", type=float, default=0.5, help="length of each timed window")
