@@ -13,6 +13,8 @@ medians over rounds, milliseconds of the process's CPU time per forward + backwa
 
 - ``workbench``: ``workbench.ops.im2col.conv``, ``conv_filter_grad`` and ``conv_input_grad``,
   the kernels the ``conv2d`` op and its gradients run on NumPy;
+- ``workbench, one block``: the same kernels with ``im2col.BLOCK_BYTES`` unbounded, so each
+  makes its whole im2col matrix at once (what the cache blocks save);
 - ``GEMMs only``: the three matrix products those kernels make (forward, filter gradient,
   input gradient) on matrices built beforehand: what NumPy's BLAS alone takes;
 - ``PyTorch``: ``torch.nn.functional.conv2d`` forward and ``torch.autograd.grad`` of both
@@ -60,6 +62,13 @@ def contenders(batch: int, size: int):
         im2col.conv_filter_grad(np, x, g, w, stride, padding)
         im2col.conv_input_grad(np, g, x.shape, w, stride, padding)
 
+    def one_block_step():  # the same kernels with every position in one block (no cache blocking)
+        saved, im2col.BLOCK_BYTES = im2col.BLOCK_BYTES, 1 << 62
+        try:
+            workbench_step()
+        finally:
+            im2col.BLOCK_BYTES = saved
+
     cols = np.ascontiguousarray(im2col.columns(np, x, (K, K), stride, padding)[0])
     w2 = np.ascontiguousarray(w.reshape(C_OUT, -1))
     g2 = np.ascontiguousarray(im2col.channel_major(np, g))
@@ -90,6 +99,7 @@ def contenders(batch: int, size: int):
     flops = 3 * 2 * C_OUT * C_IN * K * K * size * size * batch
     return {
         "workbench": (workbench_step, flops),
+        "workbench, one block": (one_block_step, flops),
         "GEMMs only": (gemms, flops),
         "PyTorch": (torch_step, flops),
         "sgemm peak": (peak, 2 * 1024**3),
