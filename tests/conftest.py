@@ -37,7 +37,7 @@ class DaskProcesses:
     free_port = staticmethod(free_port)
 
     def __init__(self, logs: Path):
-        self.logs, self.started = logs, []
+        self.logs, self.started, self.schedulers = logs, [], []
 
     def start(self, name: str, *args: str, env: dict | None = None) -> subprocess.Popen:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
@@ -53,8 +53,9 @@ class DaskProcesses:
         port = free_port()
         served = ["--dashboard-address", f"127.0.0.1:{dashboard}"] if dashboard else ["--no-dashboard"]
         preloads = [arg for module in preload for arg in ("--preload", module)]
-        self.start(f"scheduler-{port}", "scheduler", "--protocol", protocol, "--host", "127.0.0.1", "--port", str(port),
-                   *served, *preloads, *tls)  # fmt: skip
+        proc = self.start(f"scheduler-{port}", "scheduler", "--protocol", protocol, "--host", "127.0.0.1",
+                          "--port", str(port), *served, *preloads, *tls)  # fmt: skip
+        self.schedulers.append(proc)
         return f"{protocol}://127.0.0.1:{port}"
 
     def worker(self, address: str, name: str, *tls: str) -> None:
@@ -73,12 +74,14 @@ class DaskProcesses:
 
     def stop(self) -> None:
         """Workers first, one at a time (a TLS worker told to stop while its scheduler goes down
-        can linger), then the scheduler; SIGKILL for any that outlives its grace period."""
+        can linger), then the scheduler; SIGKILL for any that outlives its grace period (10 s, or
+        2 s once every scheduler is gone: a worker then has no one to leave gracefully)."""
+        orphaned = bool(self.schedulers) and all(proc.poll() is not None for proc in self.schedulers)
         for proc in reversed(self.started):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=2 if orphaned else 10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)

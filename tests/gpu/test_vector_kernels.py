@@ -246,6 +246,9 @@ def test_vector_sources_compile_with_nvcc(tmp_path):
         _, source = codegen.vector_kernel_source(program, 3, scalars)
         path = tmp_path / f"k{len(scalars)}.cu"
         path.write_text(source)
+        # device code only, as NVRTC compiles a RawKernel's source
         subprocess.run(
-            ["nvcc", "-arch=sm_90", "-c", str(path), "-o", str(tmp_path / "k.o")], check=True, capture_output=True
+            ["nvcc", "-arch=sm_90", "-cubin", str(path), "-o", str(tmp_path / "k.cubin")],
+            check=True,
+            capture_output=True,
         )
