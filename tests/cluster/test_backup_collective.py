@@ -83,17 +83,42 @@ def expected(grads, rows, used):
     return sums
 
 
+def rank_1_dies_after_its_header(backups, net, told=(0, 2)):
+    """Rank 1 is ready and chosen, then gone before sending its pieces; the ranks ``told`` hear of it
+    0.5 s later. Returns rank 1's own ``_reduce``."""
+    dying = backups[1]
+    real = dying._reduce
+
+    async def dies_after_its_header(*args):
+        net.dead.add(1)
+        raise CollectiveError("killed")
+
+    dying._reduce = dies_after_its_header
+
+    def tell():
+        time.sleep(0.5)
+        for r in told:
+            backups[r].peer_gone([1])
+
+    threading.Thread(target=tell).start()
+    return real
+
+
+def assert_bits(results, sums):
+    """Each of ``results`` (a rank's buckets) holds the very bits of ``sums``."""
+    for flats in results:
+        for flat, s in zip(flats, sums):
+            assert flat.tobytes() == s.tobytes()
+
+
 def test_the_first_r_reduce_among_themselves_and_a_late_rank_never_holds_them(loop):
     net, backups = ranks(loop, 5, 3, "first-r")
     grads, rows = gradients(5), [8, 8, 8, 7, 7]
     out = hand_in(backups, grads, rows, late=(1, 3), late_by=0.6)
     used = out[0][0]
     assert used == [0, 2, 4]
-    sums = expected(grads, rows, used)
-    for r in range(5):
-        assert out[r][0] == used
-        for flat, s in zip(out[r][1], sums):
-            assert flat.tobytes() == s.tobytes()  # the very bits of summing whole gradients in rank order
+    assert [out[r][0] for r in range(5)] == [used] * 5
+    assert_bits([out[r][1] for r in range(5)], expected(grads, rows, used))  # summing whole gradients in rank order
     assert max(out[r][2] for r in used) < 0.5  # the used ranks went on without the late ones
     for b in backups:
         b.close()
@@ -120,29 +145,12 @@ def test_no_rank_receives_more_than_about_the_model_once(loop):
 def test_a_used_rank_that_leaves_before_any_rank_applied_the_step_makes_it_decided_again(loop):
     net, backups = ranks(loop, 3, 2, "leaves")
     grads, rows = gradients(3, seed=2), [6, 6, 6]
-    dying = backups[1]
-    real = dying._reduce
-
-    async def dies_after_its_header(*args):  # ready and chosen, then gone before sending its pieces
-        net.dead.add(1)
-        raise CollectiveError("killed")
-
-    dying._reduce = dies_after_its_header
-
-    def tell_the_others():
-        time.sleep(0.5)
-        for r in (0, 2):
-            backups[r].peer_gone([1])
-
-    threading.Thread(target=tell_the_others).start()
+    real = rank_1_dies_after_its_header(backups, net)
     out = hand_in(backups, grads, rows, late=(2,), late_by=0.3)
-    dying._reduce = real
+    backups[1]._reduce = real
     assert isinstance(out[1], CollectiveError)
     assert out[0][0] == out[2][0] == [0, 2]  # decided again with the late rank's gradient
-    sums = expected(grads, rows, [0, 2])
-    for r in (0, 2):
-        for flat, s in zip(out[r][1], sums):
-            assert flat.tobytes() == s.tobytes()
+    assert_bits([out[0][1], out[2][1]], expected(grads, rows, [0, 2]))
     for b in backups:
         b.close()
 
@@ -151,20 +159,7 @@ def out_rank_left_alone(backups, net, grads, rows, wanted):
     """Rank 1 (used) dies after its header; rank 2 had no gradient (it found the step decided before it
     began), so rank 0's is the only one left: rank 2 is asked for its gradient and ``wanted(out)``
     says what it does then. Each rank's outcome: (used, buckets), None (wanted), or the error."""
-    dying = backups[1]
-
-    async def dies_after_its_header(*args):
-        net.dead.add(1)
-        raise CollectiveError("killed")
-
-    dying._reduce = dies_after_its_header
-
-    def tell_the_others():
-        time.sleep(0.5)
-        for r in (0, 2):
-            backups[r].peer_gone([1])
-
-    threading.Thread(target=tell_the_others).start()
+    rank_1_dies_after_its_header(backups, net)
     out: list = [None] * 3
 
     def run(r):
@@ -198,10 +193,7 @@ def test_an_out_rank_gives_its_gradient_where_a_used_rank_left_and_too_few_have_
     assert isinstance(out[1], CollectiveError)
     used, flats, attempt = out[2]
     assert attempt == 1 and used == out[0][0] == [0, 2]  # the next attempt, with the out rank's gradient
-    sums = expected(grads, rows, [0, 2])
-    for got in (out[0][1], flats):
-        for flat, s in zip(got, sums):
-            assert flat.tobytes() == s.tobytes()
+    assert_bits([out[0][1], flats], expected(grads, rows, [0, 2]))
     for b in backups:
         b.close()
 
@@ -237,10 +229,7 @@ def test_an_owner_that_leaves_once_a_rank_applied_the_step_has_its_chunks_handed
     threading.Thread(target=kill_once_applied).start()
     out = hand_in(backups, grads, rows, late=(2,), late_by=0.6)
     assert out[0][0] == out[1][0] == out[2][0] == [0, 1]
-    sums = expected(grads, rows, [0, 1])
-    for r in range(3):
-        for flat, s in zip(out[r][1], sums):
-            assert flat.tobytes() == s.tobytes()
+    assert_bits([out[r][1] for r in range(3)], expected(grads, rows, [0, 1]))
     for b in backups:
         b.close()
 
@@ -252,11 +241,8 @@ def test_step_after_step_each_applies_the_mean_of_its_first_r(loop):
         grads = gradients(4, seed=10 + step)
         out = hand_in(backups, grads, rows, late=late, late_by=0.4, step=step)
         used = sorted(set(range(4)) - set(late))
-        sums = expected(grads, rows, used)
-        for r in range(4):
-            assert out[r][0] == used
-            for flat, s in zip(out[r][1], sums):
-                assert flat.tobytes() == s.tobytes()
+        assert [out[r][0] for r in range(4)] == [used] * 4
+        assert_bits([out[r][1] for r in range(4)], expected(grads, rows, used))
     for b in backups:
         b.close()
 
@@ -264,18 +250,8 @@ def test_step_after_step_each_applies_the_mean_of_its_first_r(loop):
 def test_a_rank_that_does_not_report_after_a_departure_fails_the_step_rather_than_guess(loop):
     net, backups = ranks(loop, 3, 2, "silent")
     grads, rows = gradients(3, seed=5), [4, 4, 4]
-
-    async def dies_after_its_header(*args):
-        net.dead.add(1)
-        raise CollectiveError("killed")
-
-    backups[1]._reduce = dies_after_its_header
-
-    def tell_only_the_arbiter():  # rank 2 never hears of it: whether it applied the step is unknown
-        time.sleep(0.5)
-        backups[0].peer_gone([1])
-
-    threading.Thread(target=tell_only_the_arbiter).start()
+    # rank 2 never hears of it: whether it applied the step is unknown
+    rank_1_dies_after_its_header(backups, net, told=(0,))
     out = hand_in(backups, grads, rows, late=(2,), late_by=0.3)
     assert isinstance(out[0], CollectiveError)
     assert "or one of them did not say whether it applied the step" in str(out[0])
