@@ -199,18 +199,15 @@ def conv_filter_grad(xp, x, g, w, stride, padding):
     view, _, _ = window_view(xp, x, w.shape[2:], stride, padding)
     o = w.shape[0]
     g_t = g.transpose(1, 2, 3, 0)  # (O, Ho, Wo, N)
-    dtype = np.result_type(x, g)
     total, part = None, None
     for a0, a1, b0, b1 in blocks(view.shape, view.itemsize):
         cols = _block_columns(view, a0, a1, b0, b1)
         rows = np.reshape(g_t[:, a0:a1, b0:b1], (o, -1))
         if total is None:
             total = np.matmul(rows, cols.T)
-            part = np.empty_like(total) if dtype == total.dtype else None
-        elif part is not None:
-            total += np.matmul(rows, cols.T, out=part)
+            part = np.empty_like(total)
         else:
-            total += np.matmul(rows, cols.T)
+            total += np.matmul(rows, cols.T, out=part)
     return total.reshape(w.shape)
 
 
@@ -220,43 +217,53 @@ def conv_input_grad(xp, g, x_shape, w, stride, padding):
     cache-sized block of output positions)."""
     o, c, kh, kw = w.shape
     ho, wo = g.shape[2:]
-    a, b = xp.matrix_transpose(xp.reshape(w, (o, -1))), channel_major(xp, g)
+    a = xp.matrix_transpose(xp.reshape(w, (o, -1)))
     if xp is not np:
-        parts = xp.reshape(xp.matmul(a, b), (c, kh, kw, ho, wo, g.shape[0]))
+        parts = xp.reshape(xp.matmul(a, channel_major(xp, g)), (c, kh, kw, ho, wo, g.shape[0]))
         return add_windows(xp, parts, x_shape, (kh, kw), stride, padding)
     pads, _, _ = geometry(x_shape, (kh, kw), stride, padding)
-    (pt, pb), (pl, pr) = pads
-    n, _, h, width = x_shape
-    (sh, sw) = stride
-    dtype = np.result_type(a, b)
-    out = np.zeros((c, h + pt + pb, width + pl + pr, n), dtype=dtype)
+    dtype = np.result_type(a, g)
+    out = _padded_zeros(np, x_shape, pads, dtype)
     g_t = g.transpose(1, 2, 3, 0)  # (O, Ho, Wo, N)
-    for a0, a1, b0, b1 in blocks((c, kh, kw, ho, wo, n), dtype.itemsize):
+    for a0, a1, b0, b1 in blocks((c, kh, kw, ho, wo, x_shape[0]), dtype.itemsize):
         rows = np.reshape(g_t[:, a0:a1, b0:b1], (o, -1))
         parts = np.matmul(a, rows, out=scratch(np, "parts", (a.shape[0], rows.shape[1]), dtype))
-        parts = parts.reshape(c, kh, kw, a1 - a0, b1 - b0, n)
-        for i in range(kh):
-            for j in range(kw):
-                top, left = a0 * sh + i, b0 * sw + j
-                out[:, top : top + sh * (a1 - a0 - 1) + 1 : sh, left : left + sw * (b1 - b0 - 1) + 1 : sw] += parts[
-                    :, i, j
-                ]
-    return chwn(out[:, pt : pt + h, pl : pl + width])
+        _add_parts(out, parts.reshape(c, kh, kw, a1 - a0, b1 - b0, -1), (a0, b0), stride)
+    return _unpadded(out, x_shape, pads)
 
 
 def add_windows(xp, parts, x_shape, kernel, stride, padding):
     """Adjoint of :func:`window_view`: ``parts`` (C, kh, kw, Ho, Wo, N) summed back into the
     (N, C, H, W) view of a padded CHWN buffer, with kh*kw strided in-place adds."""
-    pads, ho, wo = geometry(x_shape, kernel, stride, padding)
+    pads, _, _ = geometry(x_shape, kernel, stride, padding)
+    out = _padded_zeros(xp, x_shape, pads, parts.dtype)
+    _add_parts(out, parts, (0, 0), stride)
+    return _unpadded(out, x_shape, pads)
+
+
+def _padded_zeros(xp, x_shape, pads, dtype):
+    """Zeros for an (N, C, H, W) input with its padding, laid out CHWN."""
     (pt, pb), (pl, pr) = pads
     n, c, h, w = x_shape
-    (kh, kw), (sh, sw) = kernel, stride
-    out = xp.zeros((c, h + pt + pb, w + pl + pr, n), dtype=parts.dtype)
+    return xp.zeros((c, h + pt + pb, w + pl + pr, n), dtype=dtype)
+
+
+def _unpadded(out, x_shape, pads):
+    """The (N, C, H, W) view of the unpadded part of :func:`_padded_zeros`'s buffer."""
+    (pt, _), (pl, _) = pads
+    h, w = x_shape[2:]
+    return chwn(out[:, pt : pt + h, pl : pl + w])
+
+
+def _add_parts(out, parts, origin, stride):
+    """Add ``parts`` (C, kh, kw, rows, cols, N), the window parts of the output positions from
+    ``origin`` (a row and a column of the output) on, into the padded CHWN buffer ``out``."""
+    kh, kw, rows, cols = parts.shape[1:5]
+    (a0, b0), (sh, sw) = origin, stride
     for i in range(kh):
         for j in range(kw):
-            region = out[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw]
-            region += parts[:, i, j]
-    return chwn(out[:, pt : pt + h, pl : pl + w])
+            top, left = a0 * sh + i, b0 * sw + j
+            out[:, top : top + sh * (rows - 1) + 1 : sh, left : left + sw * (cols - 1) + 1 : sw] += parts[:, i, j]
 
 
 def max_pool(xp, x, size, stride, padding):
